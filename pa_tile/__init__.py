@@ -1,0 +1,19 @@
+"""pa_tile: an fp8 paged-attention decode kernel for AMD Instinct GPUs, built step by step in FlyDSL.
+
+Submodules (imported on demand, so ``import pa_tile`` stays cheap):
+``toolchain`` (compile on a CPU), ``isa`` (static facts of compiled code), ``reference`` and
+``cache`` (the float32 reference, cases and cache layouts), ``emu`` (the CPU emulator of
+gfx942/gfx950 machine code), ``backend`` (GPU or emulator), ``stages`` (the kernels).
+"""
+
+__version__ = "0.1.0"
+
+import importlib as _importlib
+
+_SUBMODULES = ("toolchain", "isa", "reference", "cache", "emu", "backend", "stages", "tiny_kernels")
+
+
+def __getattr__(name):
+    if name in _SUBMODULES:
+        return _importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module 'pa_tile' has no attribute {name!r}")
