@@ -1,0 +1,415 @@
+"""pa_tile.emu.memory: sanitizer regions and faults, buffer range checks, V# decode, LDS, trace."""
+
+import numpy as np
+import pytest
+import torch
+
+from pa_tile.emu.memory import (
+    LDS, GlobalMemory, MemoryFault, Trace, bank_conflicts, buffer_addresses, buffer_load, buffer_store,
+    coalescing_segments, decode_vsharp, encode_vsharp, format_table, scalar_buffer_load)
+
+ALL = np.ones(64, bool)
+LANE = np.arange(64)
+
+
+def _region(t: torch.Tensor, name: str):
+    s = t.untyped_storage()
+    return s.data_ptr(), s.nbytes(), name
+
+
+def _bytes(t: torch.Tensor) -> np.ndarray:
+    return t.contiguous().view(torch.uint8).numpy().reshape(-1)
+
+
+@pytest.fixture
+def arena():
+    """Two regions with a known gap, so 'nearest region' is deterministic."""
+    buf = np.zeros(16384, np.uint8)
+    base = buf.ctypes.data
+    mem = GlobalMemory([(base, 4096, "a"), (base + 8192, 1024, "b")])
+    return buf, base, mem
+
+
+@pytest.fixture
+def tensors():
+    a = torch.arange(1024, dtype=torch.int32)            # 4096 B
+    b = torch.arange(256, dtype=torch.float32) * 0.5     # 1024 B
+    return a, b, GlobalMemory([_region(a, "a"), _region(b, "b")])
+
+
+# ---------------------------------------------------------------- global memory
+
+
+@pytest.mark.parametrize("nbytes", [1, 2, 4, 8, 12, 16])
+def test_load_matches_tensor_bytes(tensors, nbytes):
+    a, _, mem = tensors
+    base = a.data_ptr()
+    offs = (LANE * 37) % (4096 - nbytes)
+    mask = LANE % 3 != 0
+    got = mem.load(base + offs.astype(np.uint64), mask, nbytes, "k:1 global_load")
+    raw = _bytes(a)
+    want = np.stack([raw[o:o + nbytes] for o in offs])
+    assert got.dtype == np.uint8 and got.shape == (64, nbytes)
+    np.testing.assert_array_equal(got[mask], want[mask])
+    assert not got[~mask].any()
+
+
+def test_dword_view_of_load(tensors):
+    a, _, mem = tensors
+    got = mem.load(a.data_ptr() + LANE.astype(np.uint64) * 16, ALL, 16).view(np.uint32)
+    np.testing.assert_array_equal(got, a.numpy().reshape(-1, 4)[:64].astype(np.uint32))
+
+
+def test_store_writes_tensor_and_respects_mask(tensors):
+    a, _, mem = tensors
+    before = a.clone()
+    mask = LANE < 32
+    data = np.repeat(np.arange(64, dtype=np.uint32)[:, None] + 1000, 2, axis=1).view(np.uint8)
+    mem.store(a.data_ptr() + LANE.astype(np.uint64) * 8, mask, data, "k:2 global_store_dwordx2")
+    got = a.numpy()
+    np.testing.assert_array_equal(got[:64], np.repeat(np.arange(32) + 1000, 2))
+    np.testing.assert_array_equal(got[64:], before.numpy()[64:])
+
+
+def test_one_access_spanning_two_tensors(tensors):
+    a, b, mem = tensors
+    addrs = np.where(LANE < 32, a.data_ptr() + LANE * 4, b.data_ptr() + (LANE - 32) * 4).astype(np.uint64)
+    got = mem.load(addrs, ALL, 4).view(np.uint32)[:, 0]
+    np.testing.assert_array_equal(got[:32], np.arange(32))
+    np.testing.assert_array_equal(got[32:].view(np.float32), np.arange(32) * 0.5)
+    mem.store(addrs, ALL, np.zeros((64, 4), np.uint8))
+    assert (a[:32] == 0).all() and (b[:32] == 0).all() and a[32] == 32
+
+
+def test_planted_out_of_bounds_load_names_lane_and_address(arena):
+    _, base, mem = arena
+    end = base + 4096
+    addrs = (base + LANE * 16).astype(np.uint64)
+    addrs[37] = end + 48
+    with pytest.raises(MemoryFault) as ei:
+        mem.load(addrs, ALL, 16, "pa_decode:123 global_load_dwordx4")
+    f = ei.value
+    msg = str(f)
+    assert f.lane == 37 and f.address == end + 48 and f.space == "global"
+    assert "pa_decode:123 global_load_dwordx4" in msg
+    assert "lane 37" in msg and f"{end + 48:#x}" in msg
+    assert "'a'" in msg and "48 B past its end" in msg
+    assert "1 of 64 active lanes" in msg
+    assert f.nearest[0] == "a"
+
+
+def test_fault_only_for_active_lanes_and_straddles(arena):
+    buf, base, mem = arena
+    end = base + 4096
+    addrs = (base + LANE * 16).astype(np.uint64)
+    addrs[5] = 16  # garbage address in an inactive lane is fine
+    mask = LANE != 5
+    mem.load(addrs, mask, 16)
+    addrs[9] = end - 8  # starts inside, runs 8 B past the end
+    with pytest.raises(MemoryFault, match="lane 9") as ei:
+        mem.store(addrs, mask, np.ones((64, 16), np.uint8), "k:7 global_store_dwordx4")
+    assert "runs 8 B past its end" in str(ei.value)
+    assert not buf.any()  # a faulting store writes nothing, not even the good lanes
+    mem.load(addrs, mask, 8)  # the same address is fine for 8 bytes
+    addrs[9] = base + 7000    # in the gap between 'a' and 'b'
+    with pytest.raises(MemoryFault, match="nearest region 'b'.*starts 1192 B before it"):
+        mem.load(addrs, mask, 4)
+
+
+def test_touching_regions_do_not_merge():
+    mem = GlobalMemory()
+    base, buf = mem.alloc(256, "lo", align=256)
+    mem.add_region(base + 256, 0, "empty")   # empty regions are ignored
+    other = np.zeros(512, np.uint8)
+    hi = other.ctypes.data
+    lo = GlobalMemory([(hi, 256, "x"), (hi + 256, 256, "y")])
+    lo.load(np.full(64, hi + 240, np.uint64), ALL, 16)
+    with pytest.raises(MemoryFault, match="'x'"):
+        lo.load(np.full(64, hi + 248, np.uint64), ALL, 16)
+    # overlapping registrations (two views of one storage) merge into one region
+    lo.add_region(hi + 200, 100, "view")
+    assert [n for _, _, n in lo.regions] == ["x+view+y"]
+    lo.load(np.full(64, hi + 248, np.uint64), ALL, 16)
+
+
+def test_alloc_and_scalar_loads():
+    mem = GlobalMemory()
+    addr, buf = mem.alloc(64, "kernarg")
+    assert addr % 256 == 0 and mem.find(addr + 5) == ("kernarg", 5)
+    buf[:] = np.arange(64, dtype=np.uint8)
+    got = mem.load_scalar(addr + 8, 4, "k:0 s_load_dwordx4")
+    np.testing.assert_array_equal(got, buf[8:24].view(np.uint32))
+    np.testing.assert_array_equal(mem.load_scalar(addr + 10, 1), buf[8:12].view(np.uint32))  # low bits ignored
+    with pytest.raises(MemoryFault, match=r"k:9 s_load_dwordx8: scalar load of 32 B at") as ei:
+        mem.load_scalar(addr + 48, 8, "k:9 s_load_dwordx8")
+    assert ei.value.lane is None and "'kernarg'" in str(ei.value)
+
+
+def test_no_regions_faults():
+    with pytest.raises(MemoryFault, match="no memory regions"):
+        GlobalMemory().load(np.full(64, 4096, np.uint64), ALL, 4, "k:1 x")
+
+
+# ---------------------------------------------------------------- buffer resources
+
+
+def test_decode_flydsl_vsharp():
+    r = decode_vsharp([0x12345678, 0x00009ABC, 0xFFFFFFFF, 0x00027000])
+    assert r.base == 0x9ABC12345678 and r.stride == 0 and r.num_records == 0xFFFFFFFF
+    assert r.num_format == 7 and r.data_format == 4   # FLOAT, 32
+    assert r.dst_sel == (0, 0, 0, 0) and not r.add_tid_enable and not r.swizzle_enable and r.type == 0
+
+
+def test_decode_fields_roundtrip():
+    w3 = 4 | 5 << 3 | 6 << 6 | 7 << 9 | 2 << 12 | 0xB << 15 | 3 << 21 | 1 << 23 | 0 << 30
+    words = encode_vsharp(0xFEDC_BA98_7654, 1000, stride=0x2ABC, word3=w3, swizzle_enable=True,
+                          cache_swizzle=True)
+    r = decode_vsharp(np.array(words, np.uint32))
+    assert (r.base, r.stride, r.num_records) == (0xFEDC_BA98_7654, 0x2ABC, 1000)
+    assert r.swizzle_enable and r.cache_swizzle
+    assert r.dst_sel == (4, 5, 6, 7) and r.num_format == 2 and r.data_format == 0xB
+    assert r.index_stride == 3 and r.add_tid_enable
+    assert words[1] >> 16 & 0x3FFF == 0x2ABC
+
+
+def test_raw_buffer_range_is_per_dword():
+    base = 0x1000
+    r = decode_vsharp(encode_vsharp(base, 64))
+    voff = np.array([0, 48, 52, 56, 60, 64] + [0] * 58, np.uint32)
+    addrs, ok = buffer_addresses(r, voff, None, soffset=0, inst_offset=0, offen=True, nbytes=16)
+    assert addrs[3] == base + 56
+    assert ok[:6].tolist() == [[True] * 4, [True] * 4, [True, True, True, False],
+                              [True, True, False, False], [True, False, False, False], [False] * 4]
+    # soffset counts toward the limit, inst_offset too; voffset + inst_offset wraps at 32 bits
+    _, ok = buffer_addresses(r, voff, None, soffset=8, inst_offset=0, offen=True, nbytes=4)
+    assert ok[:6, 0].tolist() == [True, True, True, False, False, False]
+    addrs, ok = buffer_addresses(r, np.full(64, 0xFFFFFFF0, np.uint32), None, 0, 0x20, True, False, 4)
+    assert addrs[0] == base + 0x10 and ok[0, 0]
+    # sub-dword: the whole access must fit
+    _, ok = buffer_addresses(r, np.full(64, 63, np.uint32), None, 0, 0, True, False, 2)
+    assert ok.shape == (64, 1) and not ok[0, 0]
+
+
+def test_strided_buffer_checks_index_only():
+    r = decode_vsharp(encode_vsharp(0x2000, 10, stride=48))
+    idx = np.arange(64, dtype=np.uint32)
+    addrs, ok = buffer_addresses(r, np.full(64, 100, np.uint32), idx, 4, 8, offen=True, idxen=True,
+                                 nbytes=8)
+    assert addrs[3] == 0x2000 + 4 + 108 + 3 * 48
+    assert ok[:, 0].tolist() == (idx < 10).tolist() and (ok[:, 0] == ok[:, 1]).all()
+    # a strided buffer addressed by offset only is checked in bytes
+    _, ok = buffer_addresses(r, np.full(64, 6, np.uint32), None, 0, 0, True, False, 8)
+    assert ok[0].tolist() == [True, False]
+
+
+def test_add_tid_buffer():
+    r = decode_vsharp(encode_vsharp(0x4000, 0, stride=16, word3=0x27000 | 1 << 23))
+    addrs, ok = buffer_addresses(r, None, None, 0, 4, False, False, 4)
+    assert addrs[5] == 0x4000 + 4 + 5 * (16 | 4 << 14) and ok.all()
+    with pytest.raises(NotImplementedError):
+        buffer_addresses(decode_vsharp(encode_vsharp(0, 4, swizzle_enable=True)))
+
+
+def test_buffer_load_store_oob_semantics():
+    data = np.arange(256, dtype=np.uint8)
+    mem = GlobalMemory()
+    addr, buf = mem.alloc(256, "t")
+    buf[:] = data
+    rsrc = decode_vsharp(encode_vsharp(addr, 72))   # only the first 72 of 256 bytes are "the buffer"
+    voff = (LANE * 8).astype(np.uint32)
+    mask = LANE % 2 == 0
+    res = buffer_load(mem, rsrc, mask, 16, vaddr_offset=voff, offen=True, origin="k:3 buffer_load_dwordx4")
+    for lane in range(12):
+        o = lane * 8
+        want = np.zeros(16, np.uint8)
+        if mask[lane]:
+            n = max(0, min(16, (72 - o) // 4 * 4))
+            want[:n] = data[o:o + n]
+        np.testing.assert_array_equal(res.data[lane], want, err_msg=f"lane {lane}")
+    assert not res.data[12:].any()
+    assert res.touched.tolist() == (mask & (voff < 72)).tolist()
+    # lane 8 (offset 64) straddles: dwords at 64, 68 land, 72 and 76 are dropped
+    src = np.full((64, 16), 0xEE, np.uint8)
+    st = buffer_store(mem, rsrc, LANE == 8, src, vaddr_offset=voff, offen=True, origin="k:4 buffer_store_dwordx4")
+    assert (buf[64:72] == 0xEE).all() and (buf[72:80] == data[72:80]).all()
+    assert st.data is None and st.touched.sum() == 1
+    # fully out-of-range lanes never reach memory, even far outside any region
+    far = np.full(64, 1 << 30, np.uint32)
+    assert not buffer_load(mem, rsrc, ALL, 4, vaddr_offset=far, offen=True).data.any()
+
+
+def test_flydsl_vsharp_still_sanitized():
+    mem = GlobalMemory()
+    addr, buf = mem.alloc(128, "k_cache")
+    rsrc = decode_vsharp(encode_vsharp(addr, 0xFFFFFFFF))
+    voff = (LANE * 16).astype(np.uint32)   # 64 lanes x 16 B = 1024 B > 128 B tensor
+    with pytest.raises(MemoryFault, match=r"k:9 buffer_load_dwordx4: load of 16 B by lane 8 .*'k_cache'"):
+        buffer_load(mem, rsrc, ALL, 16, vaddr_offset=voff, offen=True, origin="k:9 buffer_load_dwordx4")
+    res = buffer_load(mem, rsrc, LANE < 8, 16, vaddr_offset=voff, offen=True)
+    np.testing.assert_array_equal(res.data[:8].reshape(-1), buf)
+
+
+def test_scalar_buffer_load():
+    mem = GlobalMemory()
+    addr, buf = mem.alloc(64, "params")
+    buf[:] = np.arange(64, dtype=np.uint8)
+    rsrc = decode_vsharp(encode_vsharp(addr, 24))
+    got = scalar_buffer_load(mem, rsrc, 17, 4, "k:1 s_buffer_load_dwordx4")
+    np.testing.assert_array_equal(got, np.r_[buf[16:24].view(np.uint32), 0, 0])
+
+
+# ---------------------------------------------------------------- LDS
+
+
+def test_lds_roundtrip_and_bounds():
+    lds = LDS(1024, arch="gfx942")
+    addrs = (LANE * 16).astype(np.uint32)
+    data = np.arange(64 * 16, dtype=np.uint32).astype(np.uint8).reshape(64, 16)
+    lds.write(addrs, ALL, data, "k:5 ds_write_b128")
+    np.testing.assert_array_equal(lds.read(addrs, ALL, 16), data)
+    np.testing.assert_array_equal(lds.read(addrs + 4, LANE < 63, 4)[:63], data[:63, 4:8])
+    bad = addrs.copy()
+    bad[63] = 1016   # 1016 + 16 > 1024
+    with pytest.raises(MemoryFault) as ei:
+        lds.read(bad, ALL, 16, "k:6 ds_read_b128")
+    f = ei.value
+    assert f.space == "lds" and f.lane == 63 and f.address == 1016
+    assert "k:6 ds_read_b128" in str(f) and "lane 63" in str(f) and "0x3f8" in str(f)
+    assert "1024-byte LDS allocation" in str(f)
+    lds.read(bad, LANE != 63, 16)
+    with pytest.raises(MemoryFault, match="lane 0"):
+        lds.write(np.full(64, 4096, np.uint32), ALL, data)
+    with pytest.raises(ValueError):
+        LDS(65 * 1024, arch="gfx942")
+    LDS(160 * 1024, arch="gfx950")
+
+
+def test_lds_hardware_mode():
+    lds = LDS(1000, oob="hardware", fill=0xAB)
+    assert lds.limit == 1024
+    addrs = np.full(64, 1016, np.uint32)
+    got = lds.read(addrs, ALL, 16)
+    assert (got[:, :8] == 0xAB).all() and (got[:, 8:] == 0).all()
+    lds.write(np.full(64, 1020, np.uint32), LANE == 0, np.full((64, 8), 7, np.uint8))
+    assert (lds.data[1020:1024] == 7).all() and lds.data.size == 1024
+
+
+# ---------------------------------------------------------------- coalescing and banks
+
+
+def test_segment_counts():
+    base = 1 << 20
+    assert coalescing_segments(base + LANE * 16, ALL, 16) == 16
+    assert coalescing_segments(base + LANE * 4, ALL, 4) == 4
+    assert coalescing_segments(base + LANE * 64, ALL, 4) == 64
+    assert coalescing_segments(base + LANE * 256, ALL, 16) == 64
+    assert coalescing_segments(base + 8 + LANE * 16, ALL, 16) == 17   # misaligned by 8 B
+    assert coalescing_segments(np.full(64, base, np.uint64), ALL, 16) == 1
+    assert coalescing_segments(base + LANE * 16, LANE < 8, 16) == 2
+    assert coalescing_segments(base + LANE * 16, np.zeros(64, bool), 16) == 0
+
+
+@pytest.mark.parametrize("arch", ["gfx942", "gfx950"])
+def test_bank_conflicts_b32(arch):
+    def deg(addrs, nbytes=4, write=False, mask=ALL):
+        return int(bank_conflicts(addrs, mask, nbytes, arch=arch, write=write).max())
+    assert deg(LANE * 4) == 1
+    assert deg(LANE * 128) == 32          # stride 32 dwords
+    assert deg(LANE * 132) == 1           # padded stride 33
+    assert deg(np.zeros(64)) == 1         # broadcast
+    assert deg(LANE * 8) == 2             # stride 2 dwords
+    assert deg(LANE * 256, mask=LANE < 4) == 4
+    assert deg(LANE * 128, mask=LANE < 4) == {"gfx942": 4, "gfx950": 2}[arch]   # 32 vs 64 banks
+    assert deg(LANE * 128, write=True) == 32
+
+
+def test_bank_conflicts_sub_dword_and_unaligned():
+    deg = lambda a, n: int(bank_conflicts(a, ALL, n, arch="gfx942").max())
+    assert deg(LANE * 2, 2) == 1            # two lanes per dword: same dword, no conflict
+    assert deg(LANE * 128, 1) == 32         # distinct dwords, all on bank 0
+    assert deg(LANE * 8 + 2, 8) == 2        # each lane touches 3 dwords; dwords 0 and 32 meet
+    assert deg(LANE * 8, 8) == 1
+
+
+def test_bank_conflict_phase_models_differ_by_arch():
+    b942 = lambda a, n, w=False: int(bank_conflicts(a, ALL, n, arch="gfx942", write=w).max())
+    b950 = lambda a, n, w=False: int(bank_conflicts(a, ALL, n, arch="gfx950", write=w).max())
+    for f in (b942, b950):
+        assert f(LANE * 16, 16) == 1 and f(LANE * 16, 16, True) == 1 and f(LANE * 8, 8) == 1
+    assert b942(LANE * 128, 8) == 16 and b950(LANE * 128, 8) == 16
+    assert b942(LANE * 256, 16) == 8 and b950(LANE * 256, 16) == 16
+    # gfx942 ds_read_b128 serves quads {0,5},{1,4},{2,7},{3,6} together, ds_write_b128 octets:
+    q = LANE // 4
+    half = ((q % 8) + (q % 8 >= 4)) % 2
+    addrs = (LANE % 4) * 16 + half * 64 + q * 128
+    assert b942(addrs, 16, True) == 1
+    assert b942(addrs, 16) == 2
+    assert int(bank_conflicts(LANE * 4, ALL, 4, arch="gfx950").size) == 1   # one 64-lane phase
+
+
+# ---------------------------------------------------------------- trace
+
+
+def _run_fake_kernel(t: Trace):
+    base = 1 << 24
+    for tile in range(2):
+        t.mark("tile")
+        for _ in range(3):
+            t.count("v_add_u32")
+        t.count("global_load_dwordx4")
+        t.global_access("global_load_dwordx4", 10, base + LANE * 16, ALL, 16)
+        t.count("buffer_load_dword")
+        t.global_access("buffer_load_dword", 11, base + LANE * 64, LANE < (32 if tile else 64), 4,
+                        kind="buffer")
+        t.count("ds_read_b32")
+        t.lds_access("ds_read_b32", 12, LANE * (128 if tile else 4), ALL, 4)
+        t.count("ds_write_b128")
+        t.lds_access("ds_write_b128", 13, LANE * 16, ALL, 16, write=True)
+
+
+def test_trace_summary_and_windows():
+    t = Trace("gfx942")
+    _run_fake_kernel(t)
+    assert t.seq == 14
+    assert t.instruction_counts()[0] == {"mnemonic": "v_add_u32", "count": 6}
+    rows = {(r["mnemonic"], r["line"]): r for r in t.summary()}
+    g = rows[("global_load_dwordx4", 10)]
+    assert (g["executions"], g["bytes"], g["segments"], g["min_segments"], g["efficiency"]) == (2, 2048, 32, 32, 1.0)
+    b = rows[("buffer_load_dword", 11)]
+    assert b["space"] == "buffer" and b["segments"] == 96 and b["min_segments"] == 4 + 2
+    assert b["mean_lanes"] == 48
+    r = rows[("ds_read_b32", 12)]
+    assert (r["max_degree"], r["mean_degree"], r["conflict_cycles"]) == (32, 16.5, 62)
+    assert rows[("ds_write_b128", 13)]["max_degree"] == 1
+    assert [x["line"] for x in t.summary()] == [10, 11, 12, 13]
+    # second tile only
+    w = t.window("tile", 1)
+    assert w == (7, 14)
+    rows1 = {(r["mnemonic"], r["line"]): r for r in t.summary(*w)}
+    assert rows1[("ds_read_b32", 12)]["executions"] == 1 and rows1[("ds_read_b32", 12)]["max_degree"] == 32
+    assert rows1[("buffer_load_dword", 11)]["bytes"] == 128
+    counts = {c["mnemonic"]: c["count"] for c in t.instruction_counts(*t.window("tile", 0))}
+    assert counts == {"v_add_u32": 3, "global_load_dwordx4": 1, "buffer_load_dword": 1,
+                      "ds_read_b32": 1, "ds_write_b128": 1}
+    with pytest.raises(ValueError, match="marks"):
+        t.instruction_counts(3, 9)
+    assert len(t.accesses(*w)) == 4 and t.accesses()[0]["seq"] == 4
+    table = format_table(t.summary(), ["mnemonic", "line", "segments", "efficiency"])
+    assert "global_load_dwordx4" in table and "0.06" in table.splitlines()[3]
+
+
+def test_trace_stream_waves_and_pause():
+    t = Trace("gfx950", keep_stream=True, waves={0})
+    t.count("s_mov_b32", wave=0)
+    t.count("s_mov_b32", wave=1)            # other wave: counted in seq, not recorded
+    t.global_access("global_load_dwordx4", 1, LANE * 16, ALL, 16, wave=1)
+    t.stop()
+    t.count("v_mov_b32", wave=0)
+    t.lds_access("ds_read_b32", 2, LANE * 4, ALL, 4, wave=0)
+    t.start()
+    t.count("v_mov_b32", wave=0)
+    assert t.seq == 4 and t.counts == {"s_mov_b32": 1, "v_mov_b32": 1}
+    assert not t.global_records and not t.lds_records
+    assert t.instruction_counts(2, 4) == [{"mnemonic": "v_mov_b32", "count": 1}]
+    t.lds_access("ds_read_b32", 2, LANE * 256, ALL, 4, wave=0)
+    assert t.lds_records[-1][7] == 64    # 64 banks, one phase: all lanes on bank 0
