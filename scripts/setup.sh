@@ -37,4 +37,5 @@ $PIP install -q -e .
 if [ "${NEED_PIP_TOOLCHAIN:-0}" = 1 ]; then
   $PIP install -q ziglang triton
 fi
+"$VENV/bin/python" -m ipykernel install --sys-prefix --name python3 >/dev/null
 "$VENV/bin/python" -c "from pa_tile.toolchain import describe_toolchain as d; print('[setup] toolchain:', d())"
