@@ -1,0 +1,124 @@
+"""Where pa_tile's kernels run: on a ROCm GPU (``gpu``) or in the CPU emulator (``emu``).
+
+The choice, first match wins:
+
+1. :func:`set_backend` (``"gpu"``, ``"emu"`` or ``"auto"``; ``None`` clears it);
+2. environment ``PA_TILE_BACKEND`` (same values);
+3. ``auto``: ``gpu`` when torch is a ROCm build (``torch.version.hip``) and sees a GPU, else ``emu``.
+
+Asking for ``gpu`` without a usable GPU raises :class:`BackendError`. :func:`ensure_backend`
+must run before the first ``@flyc.jit`` call of the process (pa_tile's stage launchers call it):
+for ``emu`` it installs the emulator hook (``pa_tile.emu.launch.install``), which cannot be
+undone, so the process then stays on the emulator.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+BACKENDS = ("gpu", "emu")
+_CHOICES = BACKENDS + ("auto",)
+ENV_VAR = "PA_TILE_BACKEND"
+
+_override: Optional[str] = None
+
+
+class BackendError(RuntimeError):
+    """The requested backend cannot be used here; the message says why."""
+
+
+def gpu_available() -> bool:
+    """True when torch is a ROCm build and at least one GPU is visible to it."""
+    try:
+        import torch
+    except ImportError:
+        return False
+    if not getattr(torch.version, "hip", None):
+        return False
+    try:
+        return bool(torch.cuda.is_available()) and torch.cuda.device_count() > 0
+    except Exception:  # noqa: BLE001 - a broken driver means "no GPU" here
+        return False
+
+
+def _check_choice(name: str, source: str) -> str:
+    if not isinstance(name, str):
+        raise TypeError(f"{source} must be a str (one of {', '.join(_CHOICES)}), got {type(name).__name__}")
+    choice = name.strip().lower()
+    if choice not in _CHOICES:
+        raise ValueError(f"{source}={name!r} is not one of {', '.join(_CHOICES)}")
+    return choice
+
+
+def _emulator_installed() -> bool:
+    from .emu import launch
+
+    return launch.is_installed()
+
+
+def set_backend(name: Optional[str]) -> None:
+    """Force ``"gpu"`` or ``"emu"`` (or ``"auto"``) for this process; ``None`` returns to env/auto."""
+    global _override
+    if name is None:
+        _override = None
+        return
+    choice = _check_choice(name, "backend")
+    if choice == "gpu" and _emulator_installed():
+        raise BackendError(
+            "the emulator hook is already installed in this process (FlyDSL launches go to the emulator); "
+            "restart Python to use the GPU"
+        )
+    _override = choice
+
+
+def current_backend() -> str:
+    """``"gpu"`` or ``"emu"`` (see the module docstring for how it is chosen)."""
+    if _override is not None:
+        choice, source = _override, "set_backend()"
+    else:
+        choice = _check_choice(os.environ.get(ENV_VAR) or "auto", ENV_VAR)
+        source = f"{ENV_VAR}={choice}"
+    if choice == "auto":
+        # Once the hook is in, launches go to the emulator whatever hardware appears.
+        return "emu" if _emulator_installed() or not gpu_available() else "gpu"
+    if choice == "gpu":
+        if not gpu_available():
+            raise BackendError(
+                f"{source} asks for the GPU backend, but there is no usable ROCm GPU: it needs a ROCm build of "
+                "torch (torch.version.hip is set) that sees a GPU (torch.cuda.is_available()). Use 'emu' or 'auto' "
+                "to run in the CPU emulator."
+            )
+        if _emulator_installed():
+            raise BackendError(
+                f"{source} asks for the GPU, but the emulator hook is already installed in this process; "
+                "restart Python to use the GPU"
+            )
+    return choice
+
+
+def ensure_backend() -> str:
+    """Make the chosen backend usable (installs the emulator hook for ``emu``); returns its name."""
+    backend = current_backend()
+    if backend == "emu":
+        from .emu import launch
+
+        launch.install()
+    return backend
+
+
+def default_arch() -> str:
+    """The arch to compile for: the GPU's gfx name on ``gpu``; on ``emu`` ``ARCH`` /
+    ``FLYDSL_GPU_ARCH`` or ``gfx942`` (``pa_tile.emu.launch.current_arch``)."""
+    if current_backend() == "gpu":
+        import torch
+
+        return torch.cuda.get_device_properties(0).gcnArchName.split(":", 1)[0]
+    from .emu import launch
+
+    return launch.current_arch()
+
+
+def device_for_tensors() -> str:
+    """The torch device kernel arguments live on: ``"cuda"`` on gpu (ROCm torch), ``"cpu"`` on emu."""
+    return "cuda" if current_backend() == "gpu" else "cpu"

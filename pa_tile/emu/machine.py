@@ -1,0 +1,306 @@
+"""Wave and workgroup state, decoding, and the executor loop.
+
+``run_kernel`` executes a grid workgroup by workgroup. Waves of one workgroup run round-robin:
+each runs until it reaches ``s_barrier`` or ``s_endpgm``; when every live wave has arrived the
+barrier releases and the pass repeats. That is the simplest schedule that is correct for code
+that synchronises only through barriers (LDS traffic between barriers is race-free by
+construction in well-formed kernels).
+
+Every instruction of the kernel is decoded once (per program and arch) into a handler closure
+(see ``ops_base``); an instruction without semantics fails at decode time, before anything runs.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from . import ops_ds, ops_mfma, ops_salu, ops_valu, ops_vmem  # noqa: F401  (register semantics)
+from .memory import LDS
+from .asm import SGPR_EXEC, SGPR_M0, SGPR_VCC, Kernel, Program
+from .ops_base import (
+    BARRIER,
+    END,
+    LANES,
+    M32,
+    OPS,
+    DecodeCtx,
+    EmulationError,
+    UnsupportedInstruction,
+    int_from_mask,
+    mask_from_int,
+    mask_from_words,
+)
+
+__all__ = ["Wave", "run_kernel", "decode_kernel", "UnsupportedInstruction", "EmulationError"]
+
+#: Backward branches one wave may take before we call it a hang.
+MAX_LOOP_ITERATIONS = 50_000_000
+
+
+class Wave:
+    """Architectural state of one wavefront."""
+
+    __slots__ = ("v", "s", "scc", "em", "eall", "pc", "lds", "mem", "wg_id", "wave_id", "uid", "trace", "arch",
+                 "done")
+
+    def __init__(self, arch: str = "gfx942"):
+        self.v = np.zeros((512, LANES), np.uint32)
+        self.s = np.zeros(128, np.uint32)
+        self.scc = 0
+        self.em = np.zeros(LANES, bool)
+        self.eall = False
+        self.pc = 0
+        self.lds = None
+        self.mem = None
+        self.trace = None
+        self.wg_id = (0, 0, 0)
+        self.wave_id = 0  # index within the workgroup
+        self.uid = 0  # index within the launch (flat workgroup id * waves per group + wave_id)
+        self.arch = arch
+        self.done = False
+
+    def sync_exec(self) -> None:
+        """Refresh the cached lane mask after anything wrote EXEC."""
+        self.em = mask_from_words(self.s[SGPR_EXEC:SGPR_EXEC + 2]).copy()
+        self.eall = bool(self.em.all())
+
+    def exec_mask(self) -> np.ndarray:
+        return self.em
+
+    @property
+    def exec(self) -> int:
+        return int(self.s[SGPR_EXEC]) | (int(self.s[SGPR_EXEC + 1]) << 32)
+
+    @exec.setter
+    def exec(self, x: int) -> None:
+        self.s[SGPR_EXEC] = x & M32
+        self.s[SGPR_EXEC + 1] = (x >> 32) & M32
+        self.sync_exec()
+
+    @property
+    def vcc(self) -> int:
+        return int(self.s[SGPR_VCC]) | (int(self.s[SGPR_VCC + 1]) << 32)
+
+    @vcc.setter
+    def vcc(self, x: int) -> None:
+        self.s[SGPR_VCC] = x & M32
+        self.s[SGPR_VCC + 1] = (x >> 32) & M32
+
+    @property
+    def m0(self) -> int:
+        return int(self.s[SGPR_M0])
+
+    @m0.setter
+    def m0(self, x: int) -> None:
+        self.s[SGPR_M0] = x & M32
+
+    def where(self) -> str:
+        return f"workgroup {self.wg_id} wave {self.wave_id}"
+
+
+# --------------------------------------------------------------------------- decoding
+
+def _kernel_range(program: Program, kernel: Kernel) -> Tuple[int, int]:
+    starts = sorted(k.entry for k in program.kernels.values())
+    nxt = [s for s in starts if s > kernel.entry]
+    return kernel.entry, (nxt[0] if nxt else len(program.instructions))
+
+
+def decode_kernel(program: Program, kernel_name: Optional[str] = None, arch: Optional[str] = None) -> List:
+    """Handlers for every instruction of a kernel (cached on the program per kernel and arch).
+
+    The list is indexed like ``program.instructions``; entries outside the kernel are ``None``.
+    Raises :class:`UnsupportedInstruction` for the first instruction without semantics.
+    """
+    kernel = program.kernel(kernel_name)
+    arch = arch or program.arch or "gfx942"
+    cache = program.__dict__.setdefault("_decoded", {})
+    key = (kernel.name, arch)
+    if key in cache:
+        return cache[key]
+    lo, hi = _kernel_range(program, kernel)
+    code: List = [None] * len(program.instructions)
+    for i in range(lo, hi):
+        ins = program.instructions[i]
+        ctx = DecodeCtx(ins, kernel, arch, program.labels, i)
+        builder = OPS.get(ctx.base)
+        if builder is None:
+            raise UnsupportedInstruction(
+                f"no semantics for {ins.mnemonic} (kernel {kernel.name}, line {ins.line}: {ins.text})"
+            )
+        code[i] = builder(ctx)
+    cache[key] = code
+    return code
+
+
+# --------------------------------------------------------------------------- execution
+
+def _init_wave_sgprs(w: Wave, k: Kernel, kernarg_addr: int, wg: Tuple[int, int, int]) -> None:
+    d = k.descriptor
+    n = 0
+    if d.get("user_sgpr_private_segment_buffer", 0):
+        raise UnsupportedInstruction(f"kernel {k.name}: private segment buffer (scratch) is not emulated")
+    for flag in ("user_sgpr_dispatch_ptr", "user_sgpr_queue_ptr"):
+        if d.get(flag, 0):
+            raise UnsupportedInstruction(f"kernel {k.name}: .amdhsa_{flag} is not emulated")
+    if d.get("user_sgpr_kernarg_segment_ptr", 1):
+        w.s[n] = kernarg_addr & M32
+        w.s[n + 1] = kernarg_addr >> 32
+        n += 2
+    if d.get("user_sgpr_dispatch_id", 0):
+        n += 2
+    if d.get("user_sgpr_kernarg_preload_length", 0):
+        raise UnsupportedInstruction(f"kernel {k.name}: kernarg preloading is not emulated")
+    n = d.get("user_sgpr_count", n)
+    for axis, gid in zip("xyz", wg):
+        if d.get(f"system_sgpr_workgroup_id_{axis}", 1 if axis == "x" else 0):
+            w.s[n] = gid
+            n += 1
+    if d.get("system_sgpr_workgroup_info", 0):
+        n += 1
+
+
+def _run_wave(w: Wave, code: List, mnemonics: Optional[List[str]]) -> int:
+    """Run one wave until s_barrier or s_endpgm; returns BARRIER or END."""
+    pc = w.pc
+    back = 0
+    try:
+        if mnemonics is None:
+            while True:
+                r = code[pc](w)
+                if r is None:
+                    pc += 1
+                elif r >= 0:
+                    if r <= pc:
+                        back += 1
+                        if back > MAX_LOOP_ITERATIONS:
+                            raise EmulationError(f"{w.where()}: more than {MAX_LOOP_ITERATIONS} backward branches; hang?")
+                    pc = r
+                else:
+                    w.pc = pc + 1
+                    return r
+        else:
+            count = w.trace.count
+            uid = w.uid
+            while True:
+                count(mnemonics[pc], uid)
+                r = code[pc](w)
+                if r is None:
+                    pc += 1
+                elif r >= 0:
+                    if r <= pc:
+                        back += 1
+                        if back > MAX_LOOP_ITERATIONS:
+                            raise EmulationError(f"{w.where()}: more than {MAX_LOOP_ITERATIONS} backward branches; hang?")
+                    pc = r
+                else:
+                    w.pc = pc + 1
+                    return r
+    except BaseException:
+        w.pc = pc  # where it failed, for the caller's message
+        raise
+
+
+def _dims(x, what: str) -> Tuple[int, int, int]:
+    if isinstance(x, int):
+        x = (x,)
+    x = tuple(int(v) for v in x)
+    if not 1 <= len(x) <= 3 or any(v < 1 for v in x):
+        raise ValueError(f"{what} must be 1 to 3 positive ints, got {x}")
+    return x + (1,) * (3 - len(x))
+
+
+def _make_lds(nbytes: int, arch: str):
+    return LDS(nbytes, arch=arch)
+
+
+def run_kernel(
+    program: Program,
+    kernel_name: Optional[str],
+    grid: Sequence[int],
+    block: Sequence[int],
+    kernarg: bytes,
+    memory,
+    dynamic_lds: int = 0,
+    arch: str = "gfx942",
+    trace=None,
+    progress: bool = False,
+) -> None:
+    """Execute *kernel_name* of *program* over *grid* x *block* against *memory*.
+
+    ``kernarg`` is the kernarg segment (bytes); it is copied into its own region of ``memory``
+    (``memory.GlobalMemory``: ``alloc``, ``load``, ``store``, ``load_scalar``) and s[0:1] points
+    at it. ``trace`` (``memory.Trace``), if given, is told every executed instruction
+    (``count(mnemonic, wave)``) and every memory access; ``wave`` is the launch-wide wave index
+    (flat workgroup id x waves per workgroup + wave in the workgroup).
+    """
+    kernel = program.kernel(kernel_name)
+    code = decode_kernel(program, kernel.name, arch)
+    grid3, block3 = _dims(grid, "grid"), _dims(block, "block")
+    threads = block3[0] * block3[1] * block3[2]
+    if threads > 1024:
+        raise ValueError(f"block {block3} has {threads} threads; at most 1024")
+    d = kernel.descriptor
+    if d.get("system_vgpr_workitem_id", 0) < (2 if block3[2] > 1 else 1 if block3[1] > 1 else 0):
+        raise ValueError(
+            f"kernel {kernel.name} reads workitem ids up to axis {d.get('system_vgpr_workitem_id', 0)} "
+            f"but block is {block3}"
+        )
+    lds_bytes = int(d.get("group_segment_fixed_size", kernel.metadata.get(".group_segment_fixed_size", 0))) + int(dynamic_lds)
+    # The kernarg segment gets its own region; padded to whole 64-byte lines because the
+    # compiler may fetch argument dwords in wide s_load_dwordx* groups.
+    kernarg = bytes(kernarg)
+    ka_addr, ka_buf = memory.alloc(max(64, -(-len(kernarg) // 64) * 64), f"kernarg segment of {kernel.name}")
+    ka_buf[: len(kernarg)] = np.frombuffer(kernarg, np.uint8)
+    nwaves = (threads + LANES - 1) // LANES
+    tid = np.arange(nwaves * LANES)
+    tx = tid % block3[0]
+    ty = (tid // block3[0]) % block3[1]
+    tz = tid // (block3[0] * block3[1])
+    packed_ids = (tx | (ty << 10) | (tz << 20)).astype(np.uint32).reshape(nwaves, LANES)
+    mnemonics = [ins.mnemonic for ins in program.instructions] if trace is not None else None
+
+    waves = [Wave(arch) for _ in range(nwaves)]
+    t0 = time.time()
+    ngroups = grid3[0] * grid3[1] * grid3[2]
+    w = waves[0]
+    try:
+        with np.errstate(all="ignore"):
+            for g in range(ngroups):
+                wg = (g % grid3[0], (g // grid3[0]) % grid3[1], g // (grid3[0] * grid3[1]))
+                lds = _make_lds(lds_bytes, arch)
+                for wi, w in enumerate(waves):
+                    w.v.fill(0)
+                    w.s.fill(0)
+                    w.scc = 0
+                    w.pc = kernel.entry
+                    w.lds = lds
+                    w.mem = memory
+                    w.trace = trace
+                    w.wg_id = wg
+                    w.wave_id = wi
+                    w.uid = g * nwaves + wi
+                    w.done = False
+                    n_live = min(LANES, threads - wi * LANES)
+                    w.v[0] = packed_ids[wi]
+                    w.exec = (1 << n_live) - 1
+                    _init_wave_sgprs(w, kernel, ka_addr, wg)
+                live = list(waves)
+                while live:
+                    for w in live:
+                        if _run_wave(w, code, mnemonics) == END:
+                            w.done = True
+                    live = [w for w in live if not w.done]
+                if progress and (g + 1) % max(1, ngroups // 20) == 0:
+                    print(f"[emu] {kernel.name}: {g + 1}/{ngroups} workgroups, {time.time() - t0:.1f}s", file=sys.stderr)
+    except Exception as e:
+        pc = w.pc
+        if not 0 <= pc < len(code) or code[pc] is None:
+            raise EmulationError(f"{w.where()}: execution left kernel {kernel.name} (instruction index {pc})") from e
+        ins = program.instructions[pc]
+        e.add_note(f"[emu] while executing {kernel.name} line {ins.line}: {ins.text!r} in {w.where()}")
+        raise

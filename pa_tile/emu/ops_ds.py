@@ -1,0 +1,221 @@
+"""LDS (DS) instructions: reads/writes of 1..16 bytes, read2/write2 (+st64), and the lane
+permutes that use the LDS crossbar without touching memory (ds_bpermute, ds_permute,
+ds_swizzle). CDNA3 ISA guide §12.13 (DS opcodes) and §11 "Data Share Operations".
+
+Addresses are byte addresses in the workgroup's LDS (``wave.lds``, a ``memory.LDS``), formed as
+``ADDR VGPR + offset``; read2/write2 scale their 8-bit offsets by the element size (x64 for the
+st64 forms).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .ops_base import LANES, op
+
+U32 = np.uint32
+_LANE = np.arange(LANES)
+
+_READ = {"b32": (4, "dw"), "b64": (8, "dw"), "b96": (12, "dw"), "b128": (16, "dw"),
+         "u8": (1, "zx"), "i8": (1, "sx"), "u16": (2, "zx"), "i16": (2, "sx"),
+         "u8_d16": (1, "lo"), "u8_d16_hi": (1, "hi"), "i8_d16": (1, "lo_sx"), "i8_d16_hi": (1, "hi_sx"),
+         "u16_d16": (2, "lo"), "u16_d16_hi": (2, "hi")}
+_WRITE = {"b32": (4, "dw"), "b64": (8, "dw"), "b96": (12, "dw"), "b128": (16, "dw"),
+          "b8": (1, "lo"), "b16": (2, "lo"), "b8_d16_hi": (1, "hi"), "b16_d16_hi": (2, "hi")}
+
+
+def _mods(ctx, *allowed):
+    extra = set(ctx.mods) - set(allowed) - {"gds"}
+    if extra or ctx.mods.get("gds"):
+        raise ctx.fail(f"modifiers {sorted(extra) or ['gds']}")
+
+
+def _trace(w, mnem, line, addrs, mask, nbytes, write):
+    w.trace.lds_access(mnem, line, addrs, mask, nbytes, write=write, wave=w.uid)
+
+
+def _addr(ctx, o):
+    if o.kind != "v" or o.count != 1:
+        raise ctx.fail(f"address {o} must be one VGPR")
+    r = o.index
+    return lambda w, off: w.v[r] + U32(off)
+
+
+def _writer(ctx, o, nbytes, form):
+    # The same placement rules as vector memory loads.
+    from .ops_vmem import _load_writer
+
+    return _load_writer(ctx, o, nbytes, form)
+
+
+def _reader(ctx, o, nbytes, form):
+    from .ops_vmem import _store_reader
+
+    return _store_reader(ctx, o, nbytes, form)
+
+
+def _ds_read(ctx):
+    nbytes, form = _READ[ctx.base[len("ds_read_"):]]
+    ctx.need(2)
+    _mods(ctx, "offset")
+    off = int(ctx.mods.get("offset", 0))
+    addr = _addr(ctx, ctx.ops[1])
+    wr = _writer(ctx, ctx.ops[0], nbytes, form)
+    origin, mnem, line = ctx.origin, ctx.ins.mnemonic, ctx.ins.line
+
+    def h(w):
+        a = addr(w, off)
+        m = w.em
+        d = w.lds.read(a, m, nbytes, origin)
+        if w.trace is not None:
+            _trace(w, mnem, line, a, m, nbytes, False)
+        wr(w, d, m)
+    return h
+
+
+def _ds_write(ctx):
+    nbytes, form = _WRITE[ctx.base[len("ds_write_"):]]
+    ctx.need(2)
+    _mods(ctx, "offset")
+    off = int(ctx.mods.get("offset", 0))
+    addr = _addr(ctx, ctx.ops[0])
+    rd = _reader(ctx, ctx.ops[1], nbytes, form)
+    origin, mnem, line = ctx.origin, ctx.ins.mnemonic, ctx.ins.line
+
+    def h(w):
+        a = addr(w, off)
+        m = w.em
+        w.lds.write(a, m, rd(w), origin)
+        if w.trace is not None:
+            _trace(w, mnem, line, a, m, nbytes, True)
+    return h
+
+
+for _k in _READ:
+    op(f"ds_read_{_k}")(_ds_read)
+for _k in _WRITE:
+    op(f"ds_write_{_k}")(_ds_write)
+
+
+def _pair_geometry(ctx, prefix):
+    kind = ctx.base[len(prefix):]  # b32 / b64 / st64_b32 / st64_b64
+    st64 = kind.startswith("st64_")
+    size = 8 if kind.endswith("b64") else 4
+    if kind not in ("b32", "b64", "st64_b32", "st64_b64"):
+        raise ctx.fail("unknown read2/write2 form")
+    scale = size * (64 if st64 else 1)
+    _mods(ctx, "offset0", "offset1")
+    return size, int(ctx.mods.get("offset0", 0)) * scale, int(ctx.mods.get("offset1", 0)) * scale
+
+
+def _ds_read2(ctx):
+    ctx.base = ctx.base.replace("ds_read2st64_", "ds_read2_st64_")
+    size, off0, off1 = _pair_geometry(ctx, "ds_read2_")
+    ctx.need(2)
+    n = size // 4
+    dst = ctx.ops[0]
+    if dst.count != 2 * n:
+        raise ctx.fail(f"destination {dst} should be {2 * n} registers")
+    row = ctx.vrow(dst)
+    addr = _addr(ctx, ctx.ops[1])
+    origin, mnem, line = ctx.origin, ctx.ins.mnemonic, ctx.ins.line
+
+    def h(w):
+        m = w.em
+        a0, a1 = addr(w, off0), addr(w, off1)
+        d0 = w.lds.read(a0, m, size, origin)
+        d1 = w.lds.read(a1, m, size, origin)
+        if w.trace is not None:
+            _trace(w, mnem, line, a0, m, size, False)
+            _trace(w, mnem, line, a1, m, size, False)
+        vals = np.concatenate([d0.view(U32), d1.view(U32)], axis=1).T
+        np.copyto(w.v[row:row + 2 * n], vals, where=m[None, :])
+    return h
+
+
+def _ds_write2(ctx):
+    ctx.base = ctx.base.replace("ds_write2st64_", "ds_write2_st64_")
+    size, off0, off1 = _pair_geometry(ctx, "ds_write2_")
+    ctx.need(3)
+    form = "dw"
+    addr = _addr(ctx, ctx.ops[0])
+    r0 = _reader(ctx, ctx.ops[1], size, form)
+    r1 = _reader(ctx, ctx.ops[2], size, form)
+    origin, mnem, line = ctx.origin, ctx.ins.mnemonic, ctx.ins.line
+
+    def h(w):
+        m = w.em
+        a0, a1 = addr(w, off0), addr(w, off1)
+        w.lds.write(a0, m, r0(w), origin)
+        w.lds.write(a1, m, r1(w), origin)
+        if w.trace is not None:
+            _trace(w, mnem, line, a0, m, size, True)
+            _trace(w, mnem, line, a1, m, size, True)
+    return h
+
+
+for _k in ("b32", "b64"):
+    op(f"ds_read2_{_k}", f"ds_read2st64_{_k}")(_ds_read2)
+    op(f"ds_write2_{_k}", f"ds_write2st64_{_k}")(_ds_write2)
+
+
+@op("ds_bpermute_b32")
+def _ds_bpermute(ctx):
+    """dst[i] = data[((addr[i] + offset) / 4) % 64], reading 0 from lanes off in EXEC
+    (CDNA3 §12.13 DS_BPERMUTE_B32 pseudo-code)."""
+    ctx.need(3)
+    _mods(ctx, "offset")
+    off = U32(int(ctx.mods.get("offset", 0)))
+    ra, rd = ctx.vrow(ctx.ops[1]), ctx.vrow(ctx.ops[2])
+    wr = ctx.vwrite(ctx.ops[0], "u32")
+
+    def h(w):
+        src = ((w.v[ra] + off) >> U32(2)) & U32(63)
+        data = w.v[rd] if w.eall else np.where(w.em, w.v[rd], U32(0))
+        wr(w, data[src])
+    return h
+
+
+@op("ds_permute_b32")
+def _ds_permute(ctx):
+    """Forward permute: lane i sends data[i] to lane ((addr[i] + offset) / 4) % 64; the highest
+    sending lane wins; lanes nobody sends to get 0 (CDNA3 §12.13 DS_PERMUTE_B32)."""
+    ctx.need(3)
+    _mods(ctx, "offset")
+    off = U32(int(ctx.mods.get("offset", 0)))
+    ra, rd = ctx.vrow(ctx.ops[1]), ctx.vrow(ctx.ops[2])
+    wr = ctx.vwrite(ctx.ops[0], "u32")
+
+    def h(w):
+        dst = (((w.v[ra] + off) >> U32(2)) & U32(63)).astype(np.int64)
+        tmp = np.zeros(LANES, U32)
+        senders = _LANE[w.em]
+        tmp[dst[senders]] = w.v[rd][senders]  # numpy assigns in order: the highest lane wins
+        wr(w, tmp)
+    return h
+
+
+def _swizzle_pattern(offset: int) -> np.ndarray:
+    """Source lane per lane for a ds_swizzle offset (CDNA3 §12.13 DS_SWIZZLE_B32):
+    bit 15 set -> QDMode: lane i reads lane (i & ~3) + offset[2k+1:2k] with k = i & 3;
+    else bitmask mode within each 32-lane half: ((i & and) | or) ^ xor on the low 5 bits."""
+    i = _LANE
+    if offset & 0x8000:
+        sel = np.array([(offset >> (2 * k)) & 3 for k in range(4)])
+        return (i & ~3) + sel[i & 3]
+    and_m, or_m, xor_m = offset & 31, (offset >> 5) & 31, (offset >> 10) & 31
+    return (i & 32) | ((((i & 31) & and_m) | or_m) ^ xor_m)
+
+
+@op("ds_swizzle_b32")
+def _ds_swizzle(ctx):
+    ctx.need(2)
+    _mods(ctx, "offset")
+    src = _swizzle_pattern(int(ctx.mods.get("offset", 0)))
+    rd = ctx.vrow(ctx.ops[1])
+    wr = ctx.vwrite(ctx.ops[0], "u32")
+
+    def h(w):
+        data = w.v[rd] if w.eall else np.where(w.em, w.v[rd], U32(0))
+        wr(w, data[src])
+    return h
