@@ -101,8 +101,12 @@ def ensure_backend() -> str:
     """Make the chosen backend usable (installs the emulator hook for ``emu``); returns its name."""
     backend = current_backend()
     if backend == "emu":
+        from . import toolchain
         from .emu import launch
 
+        # Kernels that call device math (ocml) link bitcode from ROCM_PATH even when the
+        # emulator takes assembly text, so the CPU toolchain must be in place first.
+        toolchain.ensure_toolchain()
         launch.install()
     return backend
 
