@@ -6,7 +6,7 @@ over a grid against a :class:`GlobalMemory` (host tensors as allowed regions). S
 """
 
 from .asm import AsmSyntaxError, Instruction, Kernel, Operand, Program, load_program, parse_asm
-from .machine import Wave, decode_kernel, run_kernel
+from .machine import Wave, decode_kernel, run_kernel, run_wave
 from .memory import LDS, GlobalMemory, MemoryFault, Trace
 from .ops_base import EmulationError, UnsupportedInstruction
 
@@ -27,4 +27,5 @@ __all__ = [
     "load_program",
     "parse_asm",
     "run_kernel",
+    "run_wave",
 ]

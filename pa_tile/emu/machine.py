@@ -3,8 +3,11 @@
 ``run_kernel`` executes a grid workgroup by workgroup. Waves of one workgroup run round-robin:
 each runs until it reaches ``s_barrier`` or ``s_endpgm``; when every live wave has arrived the
 barrier releases and the pass repeats. That is the simplest schedule that is correct for code
-that synchronises only through barriers (LDS traffic between barriers is race-free by
-construction in well-formed kernels).
+that synchronises only through barriers. Code that does not (two waves touching the same LDS
+bytes between two barriers, one of them writing) has no defined result on hardware, so such
+accesses are detected and reported (``ops_ds.LdsRaceChecker``) instead of silently resolved in
+this schedule's order. ``quantum=1`` interleaves the waves instruction by instruction instead,
+which is how a racy kernel most likely behaves on a real CU.
 
 Every instruction of the kernel is decoded once (per program and arch) into a handler closure
 (see ``ops_base``); an instruction without semantics fails at decode time, before anything runs.
@@ -14,14 +17,16 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from . import ops_ds, ops_mfma, ops_salu, ops_valu, ops_vmem  # noqa: F401  (register semantics)
 from .memory import LDS
+from .ops_ds import LdsRaceChecker
 from .asm import SGPR_EXEC, SGPR_M0, SGPR_VCC, Kernel, Program
 from .ops_base import (
+    ARCHS,
     BARRIER,
     END,
     LANES,
@@ -30,12 +35,10 @@ from .ops_base import (
     DecodeCtx,
     EmulationError,
     UnsupportedInstruction,
-    int_from_mask,
-    mask_from_int,
     mask_from_words,
 )
 
-__all__ = ["Wave", "run_kernel", "decode_kernel", "UnsupportedInstruction", "EmulationError"]
+__all__ = ["Wave", "run_kernel", "run_wave", "decode_kernel", "UnsupportedInstruction", "EmulationError"]
 
 #: Backward branches one wave may take before we call it a hang.
 MAX_LOOP_ITERATIONS = 50_000_000
@@ -44,8 +47,8 @@ MAX_LOOP_ITERATIONS = 50_000_000
 class Wave:
     """Architectural state of one wavefront."""
 
-    __slots__ = ("v", "s", "scc", "em", "eall", "pc", "lds", "mem", "wg_id", "wave_id", "uid", "trace", "arch",
-                 "done")
+    __slots__ = ("v", "s", "scc", "em", "eall", "pc", "lds", "races", "mem", "wg_id", "wave_id", "uid", "trace",
+                 "arch", "done")
 
     def __init__(self, arch: str = "gfx942"):
         self.v = np.zeros((512, LANES), np.uint32)
@@ -55,6 +58,7 @@ class Wave:
         self.eall = False
         self.pc = 0
         self.lds = None
+        self.races = None  # ops_ds.LdsRaceChecker of the workgroup, or None
         self.mem = None
         self.trace = None
         self.wg_id = (0, 0, 0)
@@ -62,6 +66,7 @@ class Wave:
         self.uid = 0  # index within the launch (flat workgroup id * waves per group + wave_id)
         self.arch = arch
         self.done = False
+        self.exec = (1 << LANES) - 1  # a fresh wave has all lanes on
 
     def sync_exec(self) -> None:
         """Refresh the cached lane mask after anything wrote EXEC."""
@@ -131,6 +136,10 @@ def decode_kernel(program: Program, kernel_name: Optional[str] = None, arch: Opt
         if builder is None:
             raise UnsupportedInstruction(
                 f"no semantics for {ins.mnemonic} (kernel {kernel.name}, line {ins.line}: {ins.text})"
+            )
+        if arch not in ARCHS.get(ctx.base, (arch,)):
+            raise UnsupportedInstruction(
+                f"{ins.mnemonic} does not exist on {arch} (kernel {kernel.name}, line {ins.line}: {ins.text})"
             )
         code[i] = builder(ctx)
     cache[key] = code
@@ -205,6 +214,74 @@ def _run_wave(w: Wave, code: List, mnemonics: Optional[List[str]]) -> int:
         raise
 
 
+def _run_quantum(w: Wave, code: List, mnemonics: Optional[List[str]], n: int) -> Optional[int]:
+    """Run at most n instructions of one wave; BARRIER/END if it got there, else None."""
+    pc = w.pc
+    try:
+        for _ in range(n):
+            if mnemonics is not None:
+                w.trace.count(mnemonics[pc], w.uid)
+            r = code[pc](w)
+            if r is None:
+                pc += 1
+            elif r >= 0:
+                pc = r
+            else:
+                w.pc = pc + 1
+                return r
+        w.pc = pc
+        return None
+    except BaseException:
+        w.pc = pc
+        raise
+
+
+def _run_workgroup(waves: List[Wave], code: List, mnemonics, races, quantum: Optional[int], describe) -> None:
+    """Waves take turns; a wave that reaches s_barrier waits until every live wave has."""
+    live = list(waves)
+    waiting = set()
+    while live:
+        for w in live:
+            if w.wave_id in waiting:
+                continue
+            try:
+                r = _run_wave(w, code, mnemonics) if quantum is None else _run_quantum(w, code, mnemonics, quantum)
+            except Exception as e:
+                if not 0 <= w.pc < len(code) or code[w.pc] is None:
+                    raise EmulationError(f"{w.where()}: execution left the kernel (instruction index {w.pc})") from e
+                e.add_note(f"[emu] while executing {describe(w.pc)} in {w.where()}")
+                raise
+            if r == END:
+                w.done = True
+            elif r == BARRIER:
+                waiting.add(w.wave_id)
+        live = [w for w in live if not w.done]
+        if live and all(w.wave_id in waiting for w in live):
+            waiting.clear()
+            if races is not None:
+                races.barrier()
+
+
+def run_wave(program: Program, wave: Wave, kernel_name: Optional[str] = None, arch: Optional[str] = None) -> Wave:
+    """Run one prepared wave from its kernel's entry to ``s_endpgm`` (a lone wave passes every
+    ``s_barrier``). The caller sets up registers, EXEC (``wave.exec = ...``) and, if the code
+    touches memory, ``wave.mem`` / ``wave.lds``. For unit tests and demonstrations."""
+    kernel = program.kernel(kernel_name)
+    code = decode_kernel(program, kernel.name, arch or wave.arch)
+    wave.pc = kernel.entry
+    with np.errstate(all="ignore"):
+        while _run_wave(wave, code, None) != END:
+            pass
+    return wave
+
+
+def _warn_races(found: List[str]) -> None:
+    import warnings
+
+    for msg in dict.fromkeys(found):
+        warnings.warn(msg, RuntimeWarning, stacklevel=3)
+
+
 def _dims(x, what: str) -> Tuple[int, int, int]:
     if isinstance(x, int):
         x = (x,)
@@ -229,6 +306,8 @@ def run_kernel(
     arch: str = "gfx942",
     trace=None,
     progress: bool = False,
+    lds_races: str = "raise",
+    quantum: Optional[int] = None,
 ) -> None:
     """Execute *kernel_name* of *program* over *grid* x *block* against *memory*.
 
@@ -237,6 +316,14 @@ def run_kernel(
     at it. ``trace`` (``memory.Trace``), if given, is told every executed instruction
     (``count(mnemonic, wave)``) and every memory access; ``wave`` is the launch-wide wave index
     (flat workgroup id x waves per workgroup + wave in the workgroup).
+
+    Waves of a workgroup run round-robin, each until its next ``s_barrier`` (or, with
+    ``quantum=n``, for n instructions at a time: ``quantum=1`` runs them in lock-step, closer to
+    how a CU interleaves them, at some speed cost). ``lds_races``
+    (``'raise'``, ``'warn'``, ``'off'``) controls the check that no two waves touch the same LDS
+    bytes between two barriers with at least one write (see ``ops_ds.LdsRaceChecker``): such
+    code has no defined result on hardware, and this schedule would silently pick one order.
+    ``'warn'`` reports each distinct race with ``warnings.warn`` and goes on.
     """
     kernel = program.kernel(kernel_name)
     code = decode_kernel(program, kernel.name, arch)
@@ -264,43 +351,42 @@ def run_kernel(
     packed_ids = (tx | (ty << 10) | (tz << 20)).astype(np.uint32).reshape(nwaves, LANES)
     mnemonics = [ins.mnemonic for ins in program.instructions] if trace is not None else None
 
+    if quantum is not None and (not isinstance(quantum, int) or quantum < 1):
+        raise ValueError(f"quantum must be None or a positive int, got {quantum!r}")
+    if lds_races not in ("raise", "warn", "off"):
+        raise ValueError(f"lds_races must be 'raise', 'warn' or 'off', got {lds_races!r}")
+
+    def describe(pc: int) -> str:
+        ins = program.instructions[pc]
+        return f"line {ins.line} ({ins.text})"
+
     waves = [Wave(arch) for _ in range(nwaves)]
     t0 = time.time()
     ngroups = grid3[0] * grid3[1] * grid3[2]
-    w = waves[0]
-    try:
-        with np.errstate(all="ignore"):
-            for g in range(ngroups):
-                wg = (g % grid3[0], (g // grid3[0]) % grid3[1], g // (grid3[0] * grid3[1]))
-                lds = _make_lds(lds_bytes, arch)
-                for wi, w in enumerate(waves):
-                    w.v.fill(0)
-                    w.s.fill(0)
-                    w.scc = 0
-                    w.pc = kernel.entry
-                    w.lds = lds
-                    w.mem = memory
-                    w.trace = trace
-                    w.wg_id = wg
-                    w.wave_id = wi
-                    w.uid = g * nwaves + wi
-                    w.done = False
-                    n_live = min(LANES, threads - wi * LANES)
-                    w.v[0] = packed_ids[wi]
-                    w.exec = (1 << n_live) - 1
-                    _init_wave_sgprs(w, kernel, ka_addr, wg)
-                live = list(waves)
-                while live:
-                    for w in live:
-                        if _run_wave(w, code, mnemonics) == END:
-                            w.done = True
-                    live = [w for w in live if not w.done]
-                if progress and (g + 1) % max(1, ngroups // 20) == 0:
-                    print(f"[emu] {kernel.name}: {g + 1}/{ngroups} workgroups, {time.time() - t0:.1f}s", file=sys.stderr)
-    except Exception as e:
-        pc = w.pc
-        if not 0 <= pc < len(code) or code[pc] is None:
-            raise EmulationError(f"{w.where()}: execution left kernel {kernel.name} (instruction index {pc})") from e
-        ins = program.instructions[pc]
-        e.add_note(f"[emu] while executing {kernel.name} line {ins.line}: {ins.text!r} in {w.where()}")
-        raise
+    with np.errstate(all="ignore"):
+        for g in range(ngroups):
+            wg = (g % grid3[0], (g // grid3[0]) % grid3[1], g // (grid3[0] * grid3[1]))
+            lds = _make_lds(lds_bytes, arch)
+            races = None if lds_races == "off" or nwaves == 1 else LdsRaceChecker(lds_bytes, lds_races, describe)
+            for wi, w in enumerate(waves):
+                w.v.fill(0)
+                w.s.fill(0)
+                w.scc = 0
+                w.pc = kernel.entry
+                w.lds = lds
+                w.races = races
+                w.mem = memory
+                w.trace = trace
+                w.wg_id = wg
+                w.wave_id = wi
+                w.uid = g * nwaves + wi
+                w.done = False
+                n_live = min(LANES, threads - wi * LANES)
+                w.v[0] = packed_ids[wi]
+                w.exec = (1 << n_live) - 1
+                _init_wave_sgprs(w, kernel, ka_addr, wg)
+            _run_workgroup(waves, code, mnemonics, races, quantum, describe)
+            if races is not None and races.races:
+                _warn_races(races.races)
+            if progress and (g + 1) % max(1, ngroups // 20) == 0:
+                print(f"[emu] {kernel.name}: {g + 1}/{ngroups} workgroups, {time.time() - t0:.1f}s", file=sys.stderr)

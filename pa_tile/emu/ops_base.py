@@ -49,9 +49,11 @@ class EmulationError(RuntimeError):
 
 BuilderFn = Callable[["DecodeCtx"], Callable]
 OPS: Dict[str, BuilderFn] = {}
+#: base mnemonic -> the only archs that have it (absent: every arch we model)
+ARCHS: Dict[str, tuple] = {}
 
 
-def op(*names: str):
+def op(*names: str, archs: Optional[tuple] = None):
     """Register a builder for one or more base mnemonics (without _e32/_e64/_dpp/_sdwa)."""
 
     def deco(fn: BuilderFn) -> BuilderFn:
@@ -59,6 +61,8 @@ def op(*names: str):
             if n in OPS:
                 raise RuntimeError(f"duplicate semantics for {n}")
             OPS[n] = fn
+            if archs:
+                ARCHS[n] = tuple(archs)
         return fn
 
     return deco
@@ -87,11 +91,6 @@ def words_from_mask(mask: np.ndarray) -> np.ndarray:
 
 def mask_from_int(x: int) -> np.ndarray:
     return mask_from_words(np.array([x & M32, (x >> 32) & M32], np.uint32))
-
-
-def int_from_mask(mask: np.ndarray) -> int:
-    w = words_from_mask(mask)
-    return int(w[0]) | (int(w[1]) << 32)
 
 
 # --------------------------------------------------------------------------- constants
@@ -185,8 +184,6 @@ class DecodeCtx:
             return lambda w: int(w.s[i])
         if o.kind == "imm":
             c = const_bits(o, "b64" if bits == 64 else "b32")
-            if bits == 64 and isinstance(o.value, int) and o.value < 0:
-                c = o.value & M64
             return lambda w: c
         if o.kind == "special" and o.name in ("scc", "src_scc"):
             return lambda w: w.scc
@@ -242,7 +239,7 @@ class DecodeCtx:
             i = o.index
             return lambda w: mask_from_words(w.s[i:i + 2])
         if o.kind == "imm":
-            m = mask_from_int(const_bits(o, "b64") if not (isinstance(o.value, int) and o.value < 0) else o.value & M64)
+            m = mask_from_int(const_bits(o, "b64"))
             return lambda w: m
         raise self.fail(f"cannot read {o} as a lane mask")
 

@@ -11,10 +11,80 @@ from __future__ import annotations
 
 import numpy as np
 
-from .ops_base import LANES, op
+from .ops_base import LANES, EmulationError, op
 
 U32 = np.uint32
 _LANE = np.arange(LANES)
+
+
+class LdsRaceError(EmulationError):
+    """Two waves of a workgroup touched the same LDS bytes between two barriers, at least one
+    of them writing: the result depends on wave timing."""
+
+
+class LdsRaceChecker:
+    """Per-byte bookkeeping of the last writer and reader(s) of a workgroup's LDS.
+
+    A barrier epoch is the stretch between two ``s_barrier`` releases. Hardware gives no order
+    between waves inside an epoch, so a byte written by one wave and read or written by another
+    in the same epoch is a race (the emulator's run-to-barrier schedule would silently pick one
+    order). ``mode``: ``'raise'`` (default) raises :class:`LdsRaceError` at the second access,
+    ``'warn'`` records it in :attr:`races` and goes on, ``'off'`` never checks.
+    """
+
+    _MANY = -2
+
+    def __init__(self, nbytes: int, mode: str, describe):
+        if mode not in ("raise", "warn"):
+            raise ValueError(f"lds_races must be 'raise', 'warn' or 'off', got {mode!r}")
+        n = max(int(nbytes), 1)
+        self.mode = mode
+        self.describe = describe  # instruction index -> text for messages
+        self.epoch = 0
+        self.w_wave = np.full(n, -1, np.int16)
+        self.w_epoch = np.full(n, -1, np.int32)
+        self.w_pc = np.zeros(n, np.int32)
+        self.r_wave = np.full(n, -1, np.int16)
+        self.r_epoch = np.full(n, -1, np.int32)
+        self.r_pc = np.zeros(n, np.int32)
+        self.races: list = []
+
+    def barrier(self) -> None:
+        self.epoch += 1
+
+    def _report(self, kind, wave, pc, byte, other_wave, other_pc):
+        other = "several waves" if other_wave == self._MANY else f"wave {other_wave}"
+        msg = (f"LDS {kind} race at byte {byte:#x}: wave {wave} at {self.describe(pc)} and {other} at "
+               f"{self.describe(other_pc)} with no s_barrier in between")
+        if self.mode == "raise":
+            raise LdsRaceError(msg)
+        self.races.append(msg)
+
+    def access(self, wave: int, pc: int, addrs, mask, nbytes: int, write: bool) -> None:
+        lanes = np.flatnonzero(mask)
+        if lanes.size == 0:
+            return
+        idx = (addrs[lanes].astype(np.int64)[:, None] + np.arange(nbytes)).ravel()
+        idx = idx[(idx >= 0) & (idx < self.w_wave.size)]  # out-of-range bytes are the LDS's business
+        e = self.epoch
+        other_w = (self.w_epoch[idx] == e) & (self.w_wave[idx] != wave)
+        if other_w.any():
+            b = int(idx[np.argmax(other_w)])
+            self._report("write-write" if write else "read-after-write", wave, pc, b, int(self.w_wave[b]),
+                         int(self.w_pc[b]))
+        if write:
+            other_r = (self.r_epoch[idx] == e) & (self.r_wave[idx] != wave)
+            if other_r.any():
+                b = int(idx[np.argmax(other_r)])
+                self._report("write-after-read", wave, pc, b, int(self.r_wave[b]), int(self.r_pc[b]))
+            self.w_wave[idx] = wave
+            self.w_epoch[idx] = e
+            self.w_pc[idx] = pc
+        else:
+            shared = (self.r_epoch[idx] == e) & (self.r_wave[idx] != wave)
+            self.r_wave[idx] = np.where(shared, self._MANY, wave)
+            self.r_epoch[idx] = e
+            self.r_pc[idx] = pc
 
 _READ = {"b32": (4, "dw"), "b64": (8, "dw"), "b96": (12, "dw"), "b128": (16, "dw"),
          "u8": (1, "zx"), "i8": (1, "sx"), "u16": (2, "zx"), "i16": (2, "sx"),
@@ -32,6 +102,10 @@ def _mods(ctx, *allowed):
 
 def _trace(w, mnem, line, addrs, mask, nbytes, write):
     w.trace.lds_access(mnem, line, addrs, mask, nbytes, write=write, wave=w.uid)
+
+
+def _check(w, pc, addrs, mask, nbytes, write):
+    w.races.access(w.wave_id, pc, addrs, mask, nbytes, write)
 
 
 def _addr(ctx, o):
@@ -61,12 +135,14 @@ def _ds_read(ctx):
     off = int(ctx.mods.get("offset", 0))
     addr = _addr(ctx, ctx.ops[1])
     wr = _writer(ctx, ctx.ops[0], nbytes, form)
-    origin, mnem, line = ctx.origin, ctx.ins.mnemonic, ctx.ins.line
+    origin, mnem, line, pc = ctx.origin, ctx.ins.mnemonic, ctx.ins.line, ctx.index
 
     def h(w):
         a = addr(w, off)
         m = w.em
         d = w.lds.read(a, m, nbytes, origin)
+        if w.races is not None:
+            _check(w, pc, a, m, nbytes, False)
         if w.trace is not None:
             _trace(w, mnem, line, a, m, nbytes, False)
         wr(w, d, m)
@@ -80,12 +156,14 @@ def _ds_write(ctx):
     off = int(ctx.mods.get("offset", 0))
     addr = _addr(ctx, ctx.ops[0])
     rd = _reader(ctx, ctx.ops[1], nbytes, form)
-    origin, mnem, line = ctx.origin, ctx.ins.mnemonic, ctx.ins.line
+    origin, mnem, line, pc = ctx.origin, ctx.ins.mnemonic, ctx.ins.line, ctx.index
 
     def h(w):
         a = addr(w, off)
         m = w.em
         w.lds.write(a, m, rd(w), origin)
+        if w.races is not None:
+            _check(w, pc, a, m, nbytes, True)
         if w.trace is not None:
             _trace(w, mnem, line, a, m, nbytes, True)
     return h
@@ -118,13 +196,16 @@ def _ds_read2(ctx):
         raise ctx.fail(f"destination {dst} should be {2 * n} registers")
     row = ctx.vrow(dst)
     addr = _addr(ctx, ctx.ops[1])
-    origin, mnem, line = ctx.origin, ctx.ins.mnemonic, ctx.ins.line
+    origin, mnem, line, pc = ctx.origin, ctx.ins.mnemonic, ctx.ins.line, ctx.index
 
     def h(w):
         m = w.em
         a0, a1 = addr(w, off0), addr(w, off1)
         d0 = w.lds.read(a0, m, size, origin)
         d1 = w.lds.read(a1, m, size, origin)
+        if w.races is not None:
+            _check(w, pc, a0, m, size, False)
+            _check(w, pc, a1, m, size, False)
         if w.trace is not None:
             _trace(w, mnem, line, a0, m, size, False)
             _trace(w, mnem, line, a1, m, size, False)
@@ -141,13 +222,16 @@ def _ds_write2(ctx):
     addr = _addr(ctx, ctx.ops[0])
     r0 = _reader(ctx, ctx.ops[1], size, form)
     r1 = _reader(ctx, ctx.ops[2], size, form)
-    origin, mnem, line = ctx.origin, ctx.ins.mnemonic, ctx.ins.line
+    origin, mnem, line, pc = ctx.origin, ctx.ins.mnemonic, ctx.ins.line, ctx.index
 
     def h(w):
         m = w.em
         a0, a1 = addr(w, off0), addr(w, off1)
         w.lds.write(a0, m, r0(w), origin)
         w.lds.write(a1, m, r1(w), origin)
+        if w.races is not None:
+            _check(w, pc, a0, m, size, True)
+            _check(w, pc, a1, m, size, True)
         if w.trace is not None:
             _trace(w, mnem, line, a0, m, size, True)
             _trace(w, mnem, line, a1, m, size, True)

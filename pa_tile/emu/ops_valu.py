@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import numerics as nx
-from .ops_base import LANES, M32, WIDTH, as_u32, mask_from_words, op, words_from_mask
+from .ops_base import LANES, M32, WIDTH, as_u32, op, words_from_mask
 
 U32 = np.uint32
 U64 = np.uint64
@@ -219,9 +219,12 @@ def vop(ctx, dst_t, src_ts, fn, *, op_sel_ok=False):
     return lambda w: wr(w, fn(*[r(w) for r in readers]))
 
 
-def _reg(names, dst_t, src_ts, fn, **kw):
+def _reg(names, dst_t, src_ts, fn, archs=None, **kw):
     for name in names.split():
-        op(name)(lambda ctx, fn=fn: vop(ctx, dst_t, src_ts, fn, **kw))
+        op(name, archs=archs)(lambda ctx, fn=fn: vop(ctx, dst_t, src_ts, fn, **kw))
+
+
+G950 = ("gfx950",)
 
 
 F, I, U = "f32", "i32", "u32"
@@ -232,19 +235,60 @@ def _sh(b):
     return b & U32(31)
 
 
+# ---- fast paths for the hottest float ops
+# numerics has the exact corner-case rules; these check cheaply whether a plain numpy
+# evaluation already equals them and fall back to numerics otherwise.
+
+_F32_MIN_NORMAL = 2.0 ** -126
+
+
+def _fma(a, b, c):
+    """Correctly rounded f32 fma. a*b is exact in float64 and s = RN64(a*b + c); s rounds to
+    the right f32 unless it sits exactly on an f32 rounding midpoint (low 29 mantissa bits =
+    0x10000000), where float64 may have rounded onto it. Midpoints, NaN/inf and f32-denormal
+    results go to ``numerics.fma_f32``."""
+    s = np.asarray(a, np.float64) * b + np.asarray(c, np.float64)
+    bits = np.atleast_1d(s).view(np.int64)
+    mag = np.abs(s)
+    if (((bits & 0x1FFFFFFF) == 0x10000000).any() or not np.isfinite(s).all()
+            or ((mag < _F32_MIN_NORMAL) & (mag != 0)).any() or (mag > 3.4028234663852886e38).any()):
+        return nx.fma_f32(a, b, c)
+    return s.astype(np.float32)
+
+
+def _minmax(want_max):
+    pick = np.maximum if want_max else np.minimum
+    slow = nx.max_f32 if want_max else nx.min_f32
+
+    def f(a, b):
+        if np.isnan(a).any() or np.isnan(b).any():
+            return slow(a, b)
+        r = pick(a, b)
+        zeros = (a == 0) & (b == 0)
+        if zeros.any():  # max(+0, -0) = +0, min(+0, -0) = -0 (CDNA3 §12.7)
+            ab, bb = np.broadcast_arrays(a.view(U32), b.view(U32))
+            z = (ab & bb) if want_max else (ab | bb)
+            r = np.where(zeros, z.view(np.float32), r)
+        return r
+    return f
+
+
+_max, _min = _minmax(True), _minmax(False)
+
+
 # ---- VOP1/VOP2 float
 _reg("v_add_f32", F, (F, F), lambda a, b: a + b)
 _reg("v_sub_f32", F, (F, F), lambda a, b: a - b)
 _reg("v_subrev_f32", F, (F, F), lambda a, b: b - a)
 _reg("v_mul_f32", F, (F, F), lambda a, b: a * b)
-_reg("v_max_f32", F, (F, F), lambda a, b: nx.max_f32(a, b))
-_reg("v_min_f32", F, (F, F), lambda a, b: nx.min_f32(a, b))
-_reg("v_fma_f32", F, (F, F, F), lambda a, b, c: nx.fma_f32(a, b, c))
+_reg("v_max_f32", F, (F, F), _max)
+_reg("v_min_f32", F, (F, F), _min)
+_reg("v_fma_f32", F, (F, F, F), _fma)
 _reg("v_mad_f32", F, (F, F, F), lambda a, b, c: a * b + c)
-_reg("v_max3_f32", F, (F, F, F), lambda a, b, c: nx.max3_f32(a, b, c))
-_reg("v_min3_f32", F, (F, F, F), lambda a, b, c: nx.min3_f32(a, b, c))
-_reg("v_maximum3_f32", F, (F, F, F), lambda a, b, c: nx.maximum3_f32(a, b, c))
-_reg("v_minimum3_f32", F, (F, F, F), lambda a, b, c: nx.minimum3_f32(a, b, c))
+_reg("v_max3_f32", F, (F, F, F), lambda a, b, c: _max(_max(a, b), c))
+_reg("v_min3_f32", F, (F, F, F), lambda a, b, c: _min(_min(a, b), c))
+_reg("v_maximum3_f32", F, (F, F, F), lambda a, b, c: nx.maximum3_f32(a, b, c), archs=G950)
+_reg("v_minimum3_f32", F, (F, F, F), lambda a, b, c: nx.minimum3_f32(a, b, c), archs=G950)
 _reg("v_ldexp_f32", F, (F, I), lambda a, b: nx.ldexp_f32(a, b))
 _reg("v_exp_f32", F, (F,), lambda a: nx.exp2_f32(a))
 _reg("v_log_f32", F, (F,), lambda a: nx.log2_f32(a))
@@ -260,7 +304,7 @@ _reg("v_fract_f32", F, (F,), lambda a: np.where(np.isinf(a), _f(np.nan), np.mini
 
 def _med3(a, b, c):
     # CDNA3 V_MED3_F32: NaN handling aside, the median of three.
-    return nx.max_f32(nx.min_f32(a, b), nx.min_f32(nx.max_f32(a, b), c))
+    return _max(_min(a, b), _min(_max(a, b), c))
 
 
 _reg("v_med3_f32", F, (F, F, F), _med3)
@@ -271,19 +315,19 @@ def _fmac(ctx):
     """D = S0 * S1 + D (fmac fused, mac with an intermediate rounding)."""
     ctx.need(3)
     fused = ctx.base == "v_fmac_f32"
-    fn = (lambda a, b, c: nx.fma_f32(a, b, c)) if fused else (lambda a, b, c: a * b + c)
+    fn = _fma if fused else (lambda a, b, c: a * b + c)
     ctx.ops = ctx.ops + (ctx.ops[0],)
     return vop(ctx, F, (F, F, F), fn)
 
 
 @op("v_fmamk_f32")
 def _fmamk(ctx):  # D = S0 * K + S1, K printed in the middle
-    return vop(ctx, F, (F, F, F), lambda a, k, b: nx.fma_f32(a, k, b))
+    return vop(ctx, F, (F, F, F), _fma)
 
 
 @op("v_fmaak_f32")
 def _fmaak(ctx):  # D = S0 * S1 + K
-    return vop(ctx, F, (F, F, F), lambda a, b, k: nx.fma_f32(a, b, k))
+    return vop(ctx, F, (F, F, F), _fma)
 
 
 # ---- conversions
@@ -308,8 +352,13 @@ for _k in range(4):
 _reg("v_cvt_f32_f16", F, ("u16",), lambda a: nx.f16_bits_to_f32(a))
 _reg("v_cvt_f16_f32", "u16", (F,), lambda a: nx.f32_to_f16_bits(a))
 _reg("v_cvt_f32_bf16", F, ("u16",), lambda a: nx.bf16_bits_to_f32(a))
-_reg("v_cvt_pk_bf16_f32", U, (F, F), lambda a, b: nx.cvt_pk_bf16_f32(a, b))
+_reg("v_cvt_pk_bf16_f32", U, (F, F), lambda a, b: nx.cvt_pk_bf16_f32(a, b), archs=G950)
 _reg("v_cvt_pkrtz_f16_f32", U, (F, F), lambda a, b: _pkrtz(a, b))
+_reg("v_cvt_pk_f16_f32", U, (F, F), lambda a, b: _pk16_bits(nx.f32_to_f16_bits(a), nx.f32_to_f16_bits(b)), archs=G950)
+
+
+def _pk16_bits(lo, hi):
+    return lo.astype(U32) | (hi.astype(U32) << U32(16))
 _reg("v_pack_b32_f16", U, ("u16", "u16"), lambda a, b: a.astype(U32) | (b.astype(U32) << U32(16)), op_sel_ok=True)
 
 
@@ -449,7 +498,7 @@ def _perm(s0, s1, sel):
 _reg("v_perm_b32", U, (U, U, U), _perm)
 
 
-@op("v_bitop3_b32")
+@op("v_bitop3_b32", archs=G950)
 def _bitop3(ctx):
     """gfx950 V_BITOP3_B32: each result bit is ``ttbl[{S0, S1, S2}]`` (S0 the MSB of the index)."""
     tt = int(ctx.mods.get("bitop3", 0))
@@ -775,7 +824,7 @@ def _pk_f32(fn, n):
 
 op("v_pk_add_f32")(_pk_f32(lambda a, b: a + b, 2))
 op("v_pk_mul_f32")(_pk_f32(lambda a, b: a * b, 2))
-op("v_pk_fma_f32")(_pk_f32(lambda a, b, c: nx.fma_f32(a, b, c), 3))
+op("v_pk_fma_f32")(_pk_f32(_fma, 3))
 
 
 @op("v_pk_mov_b32")
@@ -915,7 +964,7 @@ def _mbcnt(ctx):
     return lambda w: wr(w, fn(r0(w), r1(w)))
 
 
-@op("v_permlane16_swap_b32", "v_permlane32_swap_b32")
+@op("v_permlane16_swap_b32", "v_permlane32_swap_b32", archs=G950)
 def _permlane_swap(ctx):
     """gfx950: swap the odd 16-lane rows of VDST with the even rows of VSRC (permlane16), or
     the upper 32 lanes of VDST with the lower 32 of VSRC (permlane32). Both registers change."""
@@ -950,5 +999,3 @@ def _permlane_swap(ctx):
 def _v_nop(ctx):
     return lambda w: None
 
-
-__all__ = ["vop", "mask_from_words"]

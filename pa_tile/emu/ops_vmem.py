@@ -83,11 +83,6 @@ def _store_reader(ctx, o, nbytes, form):
     return lambda w: (w.v[row] >> shift).astype(dt).view(np.uint8).reshape(LANES, nbytes)
 
 
-def _split(ctx, prefix):
-    rest = ctx.base[len(prefix):]
-    return rest
-
-
 def _trace_global(w, ctx_m, line, addrs, mask, nbytes, kind, write):
     w.trace.global_access(ctx_m, line, addrs, mask, nbytes, kind=kind, write=write, wave=w.uid)
 
@@ -115,7 +110,7 @@ def _global_mods(ctx):
 
 
 def _global_load(ctx):
-    form_name = _split(ctx, "global_load_")
+    form_name = ctx.base[len("global_load_"):]
     if form_name not in _LOAD_FORMS:
         raise ctx.fail("unknown global load width")
     nbytes, form = _LOAD_FORMS[form_name]
@@ -136,7 +131,7 @@ def _global_load(ctx):
 
 
 def _global_store(ctx):
-    form_name = _split(ctx, "global_store_")
+    form_name = ctx.base[len("global_store_"):]
     if form_name not in _STORE_FORMS:
         raise ctx.fail("unknown global store width")
     nbytes, form = _STORE_FORMS[form_name]
@@ -205,7 +200,7 @@ def _buffer_operands(ctx, vaddr, srsrc, soffset):
 
 
 def _buffer_load(ctx):
-    form_name = _split(ctx, "buffer_load_")
+    form_name = ctx.base[len("buffer_load_"):]
     if form_name not in _LOAD_FORMS:
         raise ctx.fail("unknown buffer load width")
     nbytes, form = _LOAD_FORMS[form_name]
@@ -224,7 +219,7 @@ def _buffer_load(ctx):
 
 
 def _buffer_store(ctx):
-    form_name = _split(ctx, "buffer_store_")
+    form_name = ctx.base[len("buffer_store_"):]
     if form_name not in _STORE_FORMS:
         raise ctx.fail("unknown buffer store width")
     nbytes, form = _STORE_FORMS[form_name]
@@ -261,10 +256,10 @@ def _smem_offset(ctx):
     if extra:
         raise ctx.fail(f"modifiers {sorted(extra)}")
     if o.kind == "imm":
-        c = (int(o.value) + imm) & M32
+        c = int(o.value) + imm  # gfx9 SMEM immediates are signed (21 bits)
         return lambda w: c
     r = ctx.sread(o)
-    return lambda w: (r(w) + imm) & M32
+    return lambda w: r(w) + imm
 
 
 def _smem_trace(w, mnem, line, addr, nbytes):
@@ -304,7 +299,7 @@ def _s_buffer_load(ctx):
 
     def h(w):
         rs = vsharp(w.s[ri:ri + 4])
-        o = off(w)
+        o = off(w) & M32
         wr(w, mm.scalar_buffer_load(w.mem, rs, o, n, origin))
         if w.trace is not None:
             _smem_trace(w, mnem, line, rs.base + (o & ~3), 4 * n)
