@@ -1,0 +1,465 @@
+# GENERATED from notebooks/01_tile_qk.py by `python -m pa_tile._export`.
+# Do not edit: change the cells tagged `export` in the notebook and re-run the export.
+
+"""Stage 1: fp8 paged-attention decode written with FlyDSL's tile/layout API.
+
+One workgroup of 4 waves per (sequence, kv head) walks the context in 256-token tiles with an
+online softmax. Per tile: ``S = Q·Kᵀ`` on a tiled fp8 MFMA (the waves split the tokens), K
+gathered page by page through the block table; scores staged in LDS for a row-wise softmax;
+fp8 probabilities ``P`` through LDS; ``O = O·corr + P·V`` (the waves split head-dim).
+
+Layouts (see ``pa_tile.cache``): query ``[num_seqs, num_q_heads, 128]`` f16; K cache
+``[num_blocks, num_kv_heads, block_size, 128]``; V cache ``[num_blocks, num_kv_heads, 128,
+block_size]``; fp8 e4m3 codes (``float8_e4m3fnuz`` on gfx942, ``float8_e4m3fn`` on gfx950, or
+uint8); per-tensor float32 scales ``[1]``; ``block_size`` 16 or 64; 8 or 16 query heads per kv head.
+"""
+
+import functools
+import math
+import numbers
+
+import torch
+
+import flydsl.compiler as flyc
+import flydsl.expr as fx
+from flydsl.expr import range_constexpr
+from flydsl.expr.typing import ReductionOp, T
+
+__all__ = [
+    "paged_decode",
+    "build_kernel",
+    "HEAD_DIM",
+    "TILE_TOKENS",
+    "BLOCK_SIZES",
+    "GROUP_SIZES",
+    "FP8_FORMATS",
+]
+
+
+HEAD_DIM = 128  # channels per head (the only head size stage 1 supports)
+TILE_TOKENS = 256  # tokens per trip of the main loop
+NUM_WAVES = 4  # waves per workgroup
+WAVE_SIZE = 64  # lanes per wave on CDNA
+MMA_ROWS = 16  # query rows per workgroup: the MFMA's M (a GQA group of 8 is padded to 16)
+ROW_THREADS = 16  # threads sharing one query row in the row-wise phases (16 rows x 16 = 256)
+BLOCK_SIZES = (16, 64)
+GROUP_SIZES = (8, 16)
+LOG2E = 1.4426950408889634
+
+# fp8 e4m3 flavour each architecture's MFMA reads: FlyDSL element type, torch dtype, largest finite value.
+FP8_FORMATS = {
+    "gfx942": (fx.Float8E4M3FNUZ, torch.float8_e4m3fnuz, 240.0),
+    "gfx950": (fx.Float8E4M3FN, torch.float8_e4m3fn, 448.0),
+}
+
+
+def make_tiled_mma(fp8):
+    """The fp8 16x16x32 MFMA repeated over the 4 waves along N: a (16, 64, 32) tile per step.
+
+    Q·Kᵀ: N is tokens, so each wave owns 16 of every 64 tokens. P·V: N is channels, so each
+    wave owns 16 of every 64 channels. Both contract over K in steps of 32.
+    """
+    atom = fx.make_mma_atom(fx.rocdl.MFMA(16, 16, 32, fp8))
+    return fx.make_tiled_mma(atom, fx.make_layout((1, NUM_WAVES, 1), (0, 1, 0)))
+
+
+def counting(layout):
+    """A tensor with no memory behind it: its element at a coordinate is ``layout(coordinate)``."""
+    return fx.make_view(fx.make_int_tuple(0), layout)
+
+
+def k_virtual_layout(block_size):
+    """(token, channel) of a K tile -> offset, as if the tile's pages were stored back to back."""
+    page = block_size * HEAD_DIM
+    return fx.make_layout(((block_size, TILE_TOKENS // block_size), HEAD_DIM), ((HEAD_DIM, page), 1))
+
+
+def v_virtual_layout(block_size):
+    """(channel, token) of a V tile -> offset, pages back to back; a V page is ``[HEAD_DIM, block_size]``."""
+    page = block_size * HEAD_DIM
+    return fx.make_layout((HEAD_DIM, (block_size, TILE_TOKENS // block_size)), (block_size, (1, page)))
+
+
+def physical_offsets(virtual, tile, block_table_row, last_page, num_kv_heads, kv_head, block_size):
+    """Translate virtual tile offsets into cache offsets (in fp8 elements) through the block table.
+
+    ``virtual`` holds the virtual offset of the first element of each piece this thread loads.
+    A sequence's pages past ``last_page`` are clamped to it, so no stray block-table entry is
+    ever read; the tokens they bring in are masked by the caller.
+    """
+    page = block_size * HEAD_DIM
+    pages_per_tile = TILE_TOKENS // block_size
+    v = virtual.load()
+    offsets = []
+    for i in range_constexpr(v.numel):
+        logical_page = fx.min(tile * pages_per_tile + v[i] // page, last_page)
+        physical_page = fx.Int32(block_table_row[logical_page])
+        offsets.append((physical_page * num_kv_heads + kv_head) * page + v[i] % page)
+    frag = fx.make_fragment_like(virtual, fx.Int32)
+    frag.store(fx.Vector.from_elements(offsets, dtype=fx.Int32))
+    return frag
+
+
+def row_split_copy(atom, rows, values_per_thread):
+    """A tiled copy where thread ``t`` owns row ``t // 16``, elements ``(t % 16) * v ... + v``."""
+    return fx.make_tiled_copy_tv(
+        atom,
+        fx.make_ordered_layout((rows, ROW_THREADS), order=(1, 0)),
+        fx.make_ordered_layout((1, values_per_thread), order=(1, 0)),
+    )
+
+
+def row_allreduce(x, combine):
+    """Combine a value over the 16 adjacent lanes that share a query row (xor butterfly)."""
+    for step in (8, 4, 2, 1):
+        x = combine(x, x.shuffle_xor(step, WAVE_SIZE))
+    return x
+
+
+def to_fp8(values, fp8):
+    """f32 vector (length a multiple of 4) -> fp8 codes, round to nearest even, in hardware."""
+    words = []
+    for i in range_constexpr(values.numel // 4):
+        lo = fx.rocdl.cvt_pk_fp8_f32(T.i32, values[4 * i], values[4 * i + 1], fx.Int32(0), False)
+        words.append(fx.rocdl.cvt_pk_fp8_f32(T.i32, values[4 * i + 2], values[4 * i + 3], lo, True))
+    return fx.Vector.from_elements(words, dtype=fx.Int32).bitcast(fp8)
+
+
+def rcp(x):
+    """1/x with one v_rcp_f32 (about 1 ulp), instead of an IEEE division sequence."""
+    return fx.Float32(fx.rocdl.rcp(T.f32, x))
+
+
+def zero_tokens_past(frag, first_token, n_valid):
+    """Zero the fp8 codes of tokens >= ``n_valid`` in a V fragment made of 8-token pieces.
+
+    ``first_token[i]`` is the first token of piece ``i``; a piece is one 64-bit word, masked
+    bytewise (the last valid piece of the context may be partial).
+    """
+    n = first_token.numel
+    keep_bytes = [fx.max(fx.min(n_valid - first_token[i], 8), 0) for i in range_constexpr(n)]
+    keep_bytes = fx.Vector.from_elements(keep_bytes, dtype=fx.Int32)
+    ones = fx.Vector.filled(n, 1, fx.Int64)
+    mask = (keep_bytes >= 8).select(fx.Vector.filled(n, -1, fx.Int64), (ones << (keep_bytes * 8).to(fx.Int64)) - 1)
+    frag.store((frag.load().bitcast(fx.Int64) & mask).bitcast(frag.element_type))
+
+
+@functools.lru_cache(maxsize=None)
+def build_kernel(arch, block_size, group_size, softmax_scale):
+    """The stage-1 ``@flyc.jit`` launcher for one configuration (all four are compile-time)."""
+    fp8, _, fp8_max = FP8_FORMATS[arch]
+    chunk = TILE_TOKENS // ROW_THREADS  # scores per thread in the softmax phase
+    log2_scale = softmax_scale * LOG2E  # softmax in base 2: exp(x) = exp2(x * log2 e)
+
+    @fx.struct
+    class SharedStorage:
+        q: fx.Array[fp8, MMA_ROWS * HEAD_DIM, 16]  # quantized query rows
+        s: fx.Array[fx.Float32, MMA_ROWS * TILE_TOKENS, 16]  # raw scores of one tile
+        p: fx.Array[fp8, MMA_ROWS * TILE_TOKENS, 16]  # quantized probabilities of one tile
+        row: fx.Array[fx.Float32, MMA_ROWS, 16]  # per-row scalar handed from softmax to P·V
+
+    @flyc.kernel(known_block_size=(NUM_WAVES * WAVE_SIZE, 1, 1))
+    def paged_decode_kernel(
+        query: fx.Tensor,
+        key_cache: fx.Tensor,
+        value_cache: fx.Tensor,
+        block_tables: fx.Tensor,
+        context_lengths: fx.Tensor,
+        key_scale: fx.Tensor,
+        value_scale: fx.Tensor,
+        out: fx.Tensor,
+        num_kv_heads: fx.Int32,
+    ):
+        tid = fx.thread_idx.x
+        seq = fx.block_idx.x
+        kv_head = fx.block_idx.y
+        row = tid // ROW_THREADS  # row-wise phases: this thread's query row ...
+        part = tid % ROW_THREADS  # ... and its sixteenth of that row
+
+        query = fx.rocdl.make_buffer_tensor(query)
+        key_cache = fx.rocdl.make_buffer_tensor(key_cache)
+        value_cache = fx.rocdl.make_buffer_tensor(value_cache)
+        block_tables = fx.rocdl.make_buffer_tensor(block_tables)
+        out = fx.rocdl.make_buffer_tensor(out)
+        context_len = fx.Int32(context_lengths[seq])
+        k_scale = fx.Float32(key_scale[0])
+        v_scale = fx.Float32(value_scale[0])
+
+        lds = fx.SharedAllocator().allocate(SharedStorage).peek()
+        sQ = lds.q.view(fx.make_layout((MMA_ROWS, HEAD_DIM), (HEAD_DIM, 1)))
+        sS = lds.s.view(fx.make_layout((MMA_ROWS, TILE_TOKENS), (TILE_TOKENS, 1)))
+        sP = lds.p.view(fx.make_layout((MMA_ROWS, TILE_TOKENS), (TILE_TOKENS, 1)))
+        sRow = lds.row.view(fx.make_layout(MMA_ROWS, 1))
+
+        # ── 1. quantize this kv head's query rows to fp8, one scale per row ──
+        q_rows = fx.slice(fx.zipped_divide(query[seq, None, None], (group_size, HEAD_DIM)), (None, (kv_head, 0)))
+        q_atom = fx.make_copy_atom(fx.rocdl.BufferCopy128b(), fx.Float16)
+        # threads past the group's rows re-read them (a valid address) and zero them below
+        q_src = row_split_copy(q_atom, group_size, 8).get_slice(tid % (group_size * ROW_THREADS)).partition_S(q_rows)
+        q_frag = fx.make_fragment_like(q_src)
+        fx.copy(q_atom, q_src, q_frag)
+        q = q_frag.load().to(fx.Float32)
+        q = (row < group_size).select(q, fx.Vector.filled_like(q, 0.0))  # rows 8-15 of a group of 8: padding
+        q_amax = row_allreduce(fx.absf(q).reduce(ReductionOp.MAX), fx.maxnumf)
+        q_codes = to_fp8(q * (fx.Float32(fp8_max) * rcp(fx.maxnumf(q_amax, fx.Float32(1e-30)))), fp8)
+        lds64 = fx.make_copy_atom(fx.UniversalCopy64b(), fp8)
+        sq_dst = row_split_copy(lds64, MMA_ROWS, 8).get_slice(tid).partition_D(sQ)
+        sq_frag = fx.make_fragment_like(sq_dst)
+        sq_frag.store(q_codes)
+        fx.copy(lds64, sq_frag, sq_dst)
+        row_factor = q_amax * fx.Float32(log2_scale / fp8_max) * k_scale  # see "where every scale goes"
+        fx.gpu.barrier()
+
+        # ── 2. the tiled MMA, its operand copies, and the per-thread index tensors ──
+        tiled_mma = make_tiled_mma(fp8)
+        thr_mma = tiled_mma.thr_slice(tid)
+        a_copy = fx.make_tiled_copy_A(lds64, tiled_mma).get_slice(tid)  # A (Q or P) from LDS
+        gather64 = fx.make_copy_atom(fx.rocdl.BufferCopy64b(), fp8)
+        b_copy = fx.make_tiled_copy_B(gather64, tiled_mma).get_slice(tid)  # B (K or V) from the cache
+        s32 = fx.make_copy_atom(fx.UniversalCopy32b(), fx.Float32)
+        c_copy = fx.make_tiled_copy_C(s32, tiled_mma).get_slice(tid)  # scores to LDS
+
+        q_mma = thr_mma.make_fragment_A(sQ)  # Q stays in registers for the whole loop
+        fx.copy(lds64, a_copy.partition_S(sQ), a_copy.retile(q_mma))
+
+        k_layout = k_virtual_layout(block_size)
+        v_layout = v_virtual_layout(block_size)
+        k_virtual = b_copy.partition_S(counting(k_layout))[(0, None), None, None]  # one offset per 8-byte piece
+        v_virtual = b_copy.partition_S(counting(v_layout))[(0, None), None, None]
+        token_of = counting(fx.make_layout((HEAD_DIM, TILE_TOKENS), (0, 1)))  # V tile coordinate -> token
+        v_first_token = b_copy.partition_S(token_of)[(0, None), None, None].load()
+        v_first_token = v_first_token.reshape(v_first_token.numel)
+        block_table_row = block_tables[seq, None]
+        last_page = (context_len - 1) // block_size
+
+        sm_atom = fx.make_copy_atom(fx.UniversalCopy128b(), fx.Float32)
+        sm_copy = row_split_copy(sm_atom, MMA_ROWS, chunk).get_slice(tid)
+        s_token = sm_copy.partition_S(counting(fx.make_layout((MMA_ROWS, TILE_TOKENS), (0, 1)))).load()
+        p_atom = fx.make_copy_atom(fx.UniversalCopy128b(), fp8)
+        p_dst = row_split_copy(p_atom, MMA_ROWS, chunk).get_slice(tid).partition_D(sP)
+
+        out_rows = fx.slice(fx.zipped_divide(out[seq, None, None], (group_size, HEAD_DIM)), (None, (kv_head, 0)))
+        out_tile = fx.make_view(fx.get_iter(out_rows), fx.make_layout((MMA_ROWS, HEAD_DIM), (HEAD_DIM, 1)))
+        o_row = thr_mma.partition_C(counting(fx.make_layout((MMA_ROWS, HEAD_DIM), (1, 0)))).load()
+        o_row = o_row.reshape(o_row.numel)  # query row of each of this thread's output values
+
+        # ── 3. the loop over 256-token tiles, carrying (running max, running sum, O) ──
+        num_tiles = (context_len + TILE_TOKENS - 1) // TILE_TOKENS
+        init = [fx.Float32(float("-inf")), fx.Float32(0.0), fx.Vector.filled(o_row.numel, 0.0, fx.Float32)]
+        for tile, state in range(fx.Int32(0), num_tiles, fx.Int32(1), init=init):
+            tile = fx.Int32(tile)
+            m_old = fx.Float32(state[0])
+            l_old = fx.Float32(state[1])
+            o_old = fx.Vector(state[2])
+            n_valid = context_len - tile * TILE_TOKENS  # tokens of this tile inside the context
+
+            # S = Q·Kᵀ, K gathered page by page straight into the B fragments
+            k_mma = thr_mma.make_fragment_B(fx.make_view(fx.get_iter(key_cache), k_layout))
+            k_offsets = physical_offsets(k_virtual, tile, block_table_row, last_page, num_kv_heads, kv_head, block_size)
+            fx.gather(gather64, fx.get_iter(key_cache), k_offsets, b_copy.retile(k_mma))
+            s_mma = thr_mma.make_fragment_C(sS)
+            s_mma.fill(0.0)
+            fx.gemm(tiled_mma, s_mma, q_mma, k_mma, s_mma)
+            fx.copy(s32, c_copy.retile(s_mma), c_copy.partition_D(sS))
+            fx.gpu.barrier()
+
+            # online softmax, row-wise: 16 threads per row, 16 scores each
+            s_src = sm_copy.partition_S(sS)
+            s_frag = fx.make_fragment_like(s_src)
+            fx.copy(sm_atom, s_src, s_frag)
+            s = s_frag.load()
+            x = (s_token < n_valid).select(s * row_factor, fx.Vector.filled_like(s, float("-inf")))
+            m_new = fx.maxnumf(m_old, row_allreduce(x.reduce(ReductionOp.MAX), fx.maxnumf))
+            p = fx.math.exp2(x - m_new)
+            correction = fx.math.exp2(m_old - m_new)
+            l_new = l_old * correction + row_allreduce(p.reduce(ReductionOp.ADD), lambda a, b: a + b)
+            p_frag = fx.make_fragment_like(p_dst)
+            p_frag.store(to_fp8(p * fx.Float32(fp8_max), fp8))  # p in [0, 1] -> [0, FP8_MAX]
+            fx.copy(p_atom, p_frag, p_dst)
+            if part == 0:
+                fx.memref_store(correction, sRow, row)
+            fx.gpu.barrier()
+
+            # O = O * correction + P·V, with every wave reading all of P back from LDS
+            p_mma = thr_mma.make_fragment_A(sP)
+            fx.copy(lds64, a_copy.partition_S(sP), a_copy.retile(p_mma))
+            v_mma = thr_mma.make_fragment_B(fx.make_view(fx.get_iter(value_cache), v_layout))
+            v_frag = b_copy.retile(v_mma)
+            v_offsets = physical_offsets(v_virtual, tile, block_table_row, last_page, num_kv_heads, kv_head, block_size)
+            fx.gather(gather64, fx.get_iter(value_cache), v_offsets, v_frag)
+            zero_tokens_past(v_frag, v_first_token, n_valid)
+            pv = fx.make_fragment_like(thr_mma.partition_C(out_tile), fx.Float32)
+            pv.fill(0.0)
+            fx.gemm(tiled_mma, pv, p_mma, v_mma, pv)
+            row_correction = fx.Vector.from_elements(
+                [fx.Float32(sRow[o_row[i]]) for i in range_constexpr(o_row.numel)], dtype=fx.Float32
+            )
+            o_new = o_old * row_correction + pv.load().reshape(o_row.numel)
+            fx.gpu.barrier()
+            final = yield [m_new, l_new, o_new]
+
+        # ── 4. normalize and store: O / l, with P's FP8_MAX and V's scale folded back in ──
+        l_final = fx.Float32(final[1])
+        o_final = fx.Vector(final[2])
+        if part == 0:
+            fx.memref_store(l_final, sRow, row)
+        fx.gpu.barrier()
+        inv_l = fx.Vector.from_elements([rcp(sRow[o_row[i]]) for i in range_constexpr(o_row.numel)], dtype=fx.Float32)
+        o = o_final * inv_l * (v_scale * fx.Float32(1.0 / fp8_max))
+        o_out = fx.make_fragment_like(thr_mma.partition_C(out_tile))
+        o_out.store(o.to(fx.Float16))
+        store16 = fx.make_copy_atom(fx.rocdl.BufferCopy16b(), fx.Float16)
+        o_copy = fx.make_tiled_copy_C(store16, tiled_mma).get_slice(tid)
+        o_src = o_copy.retile(o_out)
+        o_dst = o_copy.partition_D(out_tile)
+        if o_row[0] < group_size:  # a thread's 4 rows are all real or all padding
+            fx.copy(store16, o_src, o_dst)
+
+    @flyc.jit
+    def launch(
+        query: fx.Tensor,
+        key_cache: fx.Tensor,
+        value_cache: fx.Tensor,
+        block_tables: fx.Tensor,
+        context_lengths: fx.Tensor,
+        key_scale: fx.Tensor,
+        value_scale: fx.Tensor,
+        out: fx.Tensor,
+        num_seqs: fx.Int32,
+        num_kv_heads: fx.Int32,
+        stream: fx.Stream = fx.Stream(None),
+    ):
+        paged_decode_kernel(
+            query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale, out, num_kv_heads
+        ).launch(grid=(num_seqs, num_kv_heads, 1), block=(NUM_WAVES * WAVE_SIZE, 1, 1), stream=stream)
+
+    return launch
+
+
+def _fail(cls, name, message):
+    raise cls(f"{name}: {message}")
+
+
+def _tensor(x, name):
+    if not isinstance(x, torch.Tensor):
+        _fail(TypeError, name, f"expected a torch.Tensor, got {type(x).__name__}")
+    if not x.is_contiguous():
+        _fail(ValueError, name, "must be contiguous")
+    return x
+
+
+def _fp8_codes(x, name, arch):
+    _, dtype, _ = FP8_FORMATS[arch]
+    if x.dtype == torch.uint8:
+        return x.view(dtype)
+    if x.dtype != dtype:
+        _fail(TypeError, name, f"{arch} reads fp8 e4m3 codes as {dtype} (or uint8), got {x.dtype}")
+    return x
+
+
+def _scale(x, name):
+    _tensor(x, name)
+    if x.dtype != torch.float32:
+        _fail(TypeError, name, f"expected float32, got {x.dtype}")
+    if x.numel() != 1:
+        _fail(ValueError, name, f"stage 1 supports one per-tensor scale (shape [1]), got shape {tuple(x.shape)}")
+    return x.reshape(1)
+
+
+def _check_args(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale,
+                softmax_scale, out, arch):
+    if not isinstance(arch, str) or arch not in FP8_FORMATS:
+        _fail(ValueError, "arch", f"expected one of {sorted(FP8_FORMATS)}, got {arch!r}")
+    _tensor(query, "query")
+    if query.dtype != torch.float16:
+        _fail(TypeError, "query", f"expected float16, got {query.dtype}")
+    if query.dim() != 3 or query.shape[2] != HEAD_DIM or query.shape[0] == 0:
+        _fail(ValueError, "query", f"expected [num_seqs, num_q_heads, {HEAD_DIM}], got {tuple(query.shape)}")
+    num_seqs, num_q_heads, _ = query.shape
+
+    key_cache = _fp8_codes(_tensor(key_cache, "key_cache"), "key_cache", arch)
+    if key_cache.dim() != 4 or key_cache.shape[3] != HEAD_DIM or key_cache.shape[2] not in BLOCK_SIZES:
+        _fail(ValueError, "key_cache", f"expected [num_blocks, num_kv_heads, block_size in {BLOCK_SIZES}, "
+              f"{HEAD_DIM}], got {tuple(key_cache.shape)}")
+    num_blocks, num_kv_heads, block_size, _ = key_cache.shape
+    value_cache = _fp8_codes(_tensor(value_cache, "value_cache"), "value_cache", arch)
+    want = (num_blocks, num_kv_heads, HEAD_DIM, block_size)
+    if tuple(value_cache.shape) != want:
+        _fail(ValueError, "value_cache", f"expected the plain V layout {list(want)} (pa_tile.cache.to_v_plain), "
+              f"got {tuple(value_cache.shape)}")
+    if key_cache.numel() >= 2**31:
+        _fail(ValueError, "key_cache", "more than 2**31 elements: cache offsets are 32-bit")
+    if num_kv_heads == 0 or num_q_heads % num_kv_heads or num_q_heads // num_kv_heads not in GROUP_SIZES:
+        _fail(ValueError, "query", f"{num_q_heads} query heads over {num_kv_heads} kv heads: stage 1 needs "
+              f"{GROUP_SIZES} query heads per kv head")
+
+    _tensor(block_tables, "block_tables")
+    if block_tables.dtype != torch.int32:
+        _fail(TypeError, "block_tables", f"expected int32, got {block_tables.dtype}")
+    if block_tables.dim() != 2 or block_tables.shape[0] != num_seqs or block_tables.shape[1] == 0:
+        _fail(ValueError, "block_tables", f"expected [{num_seqs}, max_blocks_per_seq], got {tuple(block_tables.shape)}")
+    _tensor(context_lengths, "context_lengths")
+    if context_lengths.dtype != torch.int32:
+        _fail(TypeError, "context_lengths", f"expected int32, got {context_lengths.dtype}")
+    if tuple(context_lengths.shape) != (num_seqs,):
+        _fail(ValueError, "context_lengths", f"expected shape ({num_seqs},), got {tuple(context_lengths.shape)}")
+    lengths = context_lengths.cpu().to(torch.int64)
+    room = block_tables.shape[1] * block_size
+    if bool((lengths < 1).any()) or bool((lengths > room).any()):
+        _fail(ValueError, "context_lengths", f"every length must be in [1, {room}] (block_tables width x "
+              f"block_size), got {lengths.tolist()}")
+    pages = block_tables.cpu().to(torch.int64)
+    used = torch.arange(pages.shape[1])[None, :] * block_size < lengths[:, None]
+    bad = used & ((pages < 0) | (pages >= num_blocks))
+    if bool(bad.any()):
+        s, j = (int(i) for i in bad.nonzero()[0])
+        _fail(ValueError, "block_tables", f"entry [{s}, {j}] = {int(pages[s, j])} is not a page in [0, {num_blocks})")
+
+    key_scale = _scale(key_scale, "key_scale")
+    value_scale = _scale(value_scale, "value_scale")
+    if softmax_scale is None:
+        softmax_scale = 1.0 / math.sqrt(HEAD_DIM)
+    if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, numbers.Real):
+        _fail(TypeError, "softmax_scale", f"expected a float or None, got {type(softmax_scale).__name__}")
+    if not math.isfinite(softmax_scale):
+        _fail(ValueError, "softmax_scale", f"must be finite, got {softmax_scale}")
+    if out is None:
+        out = torch.empty_like(query)
+    else:
+        _tensor(out, "out")
+        if out.dtype != query.dtype or out.shape != query.shape:
+            _fail(ValueError, "out", f"expected {query.dtype} {tuple(query.shape)}, got {out.dtype} {tuple(out.shape)}")
+    for name, t in (("key_cache", key_cache), ("value_cache", value_cache), ("block_tables", block_tables),
+                    ("context_lengths", context_lengths), ("key_scale", key_scale), ("value_scale", value_scale),
+                    ("out", out)):
+        if t.device != query.device:
+            _fail(ValueError, name, f"is on {t.device}, but query is on {query.device}")
+    return (key_cache, value_cache, key_scale, value_scale, float(softmax_scale), out,
+            num_seqs, num_kv_heads, block_size, num_q_heads // num_kv_heads)
+
+
+def paged_decode(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale, *,
+                 softmax_scale=None, out=None, arch=None):
+    """fp8 paged decode attention (stage 1); returns ``out`` ``[num_seqs, num_q_heads, 128]`` f16.
+
+    ``key_cache`` ``[num_blocks, num_kv_heads, block_size, 128]`` and ``value_cache``
+    ``[num_blocks, num_kv_heads, 128, block_size]`` hold fp8 e4m3 codes of ``arch`` (FNUZ on
+    gfx942, OCP on gfx950; uint8 accepted); values are ``code * key_scale`` / ``code *
+    value_scale`` (float32, shape [1]). ``block_tables`` ``[num_seqs, max_blocks]`` int32,
+    ``context_lengths`` ``[num_seqs]`` int32 (>= 1). ``softmax_scale`` defaults to 1/sqrt(128);
+    ``arch`` to the GPU's (or, on the emulator, ``ARCH`` / gfx942).
+    """
+    from pa_tile import backend, toolchain
+
+    if arch is None:
+        arch = backend.default_arch()
+    (key_cache, value_cache, key_scale, value_scale, softmax_scale, out,
+     num_seqs, num_kv_heads, block_size, group_size) = _check_args(
+        query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale,
+        softmax_scale, out, arch)
+    backend.ensure_backend()
+    launch = build_kernel(arch, block_size, group_size, softmax_scale)
+    with toolchain.target_arch(arch):
+        launch(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale, out,
+               num_seqs, num_kv_heads)
+    return out
