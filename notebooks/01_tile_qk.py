@@ -57,6 +57,7 @@ from flydsl.expr.typing import ReductionOp, T
 
 __all__ = [
     "paged_decode",
+    "launch_args",
     "build_kernel",
     "HEAD_DIM",
     "TILE_TOKENS",
@@ -659,6 +660,28 @@ def _check_args(query, key_cache, value_cache, block_tables, context_lengths, ke
             num_seqs, num_kv_heads, block_size, num_q_heads // num_kv_heads)
 
 
+OUT_ARG = 7  # position of ``out`` among the launcher's arguments
+
+
+def launch_args(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale, *,
+                softmax_scale=None, out=None, arch=None):
+    """``(launcher, args, arch)`` after validation, with nothing compiled or launched:
+    ``launcher(*args)`` (inside ``pa_tile.toolchain.target_arch(arch)``) runs the kernel and
+    fills ``args[OUT_ARG]``, the output; ``pa_tile.toolchain.compile_isa(launcher, *args,
+    arch=arch)`` shows its assembly. Same arguments as ``paged_decode``."""
+    if arch is None:
+        from pa_tile import backend
+
+        arch = backend.default_arch()
+    (key_cache, value_cache, key_scale, value_scale, softmax_scale, out,
+     num_seqs, num_kv_heads, block_size, group_size) = _check_args(
+        query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale,
+        softmax_scale, out, arch)
+    args = (query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale, out,
+            num_seqs, num_kv_heads)
+    return build_kernel(arch, block_size, group_size, softmax_scale), args, arch
+
+
 def paged_decode(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale, *,
                  softmax_scale=None, out=None, arch=None):
     """fp8 paged decode attention (stage 1); returns ``out`` ``[num_seqs, num_q_heads, 128]`` f16.
@@ -672,18 +695,12 @@ def paged_decode(query, key_cache, value_cache, block_tables, context_lengths, k
     """
     from pa_tile import backend, toolchain
 
-    if arch is None:
-        arch = backend.default_arch()
-    (key_cache, value_cache, key_scale, value_scale, softmax_scale, out,
-     num_seqs, num_kv_heads, block_size, group_size) = _check_args(
-        query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale,
-        softmax_scale, out, arch)
+    launcher, args, arch = launch_args(query, key_cache, value_cache, block_tables, context_lengths, key_scale,
+                                       value_scale, softmax_scale=softmax_scale, out=out, arch=arch)
     backend.ensure_backend()
-    launch = build_kernel(arch, block_size, group_size, softmax_scale)
     with toolchain.target_arch(arch):
-        launch(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale, out,
-               num_seqs, num_kv_heads)
-    return out
+        launcher(*args)
+    return args[OUT_ARG]
 
 
 # %% [markdown]
@@ -740,12 +757,9 @@ assert all(r["ok"] for r in table)
 def stage1_isa(arch, block_size=16, group=8):
     fmt = "ocp" if arch == "gfx950" else "fnuz"
     case = cache.make_case(1, group, 1, HEAD_DIM, block_size, 17, fp8_format=fmt)
-    key_cache, value_cache = case.k_cache, case.v_plain()
-    launch = build_kernel(arch, block_size, group, 1.0 / math.sqrt(HEAD_DIM))
-    text = toolchain.compile_isa(launch, case.query, key_cache, value_cache, case.block_tables,
-                                 case.context_lengths, case.k_scale, case.v_scale, torch.empty_like(case.query),
-                                 1, 1, arch=arch)
-    return isa.IsaStats.from_asm(text)
+    launcher, args, _ = launch_args(case.query, case.k_cache, case.v_plain(), case.block_tables,
+                                    case.context_lengths, case.k_scale, case.v_scale, arch=arch)
+    return isa.IsaStats.from_asm(toolchain.compile_isa(launcher, *args, arch=arch))
 
 
 stats = {arch: stage1_isa(arch) for arch in ("gfx942", "gfx950")}

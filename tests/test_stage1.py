@@ -229,11 +229,9 @@ def test_compiled_code_shape(arch, block_size):
     """Design facts of the compiled kernel: 16 MFMAs per product per wave, 64-bit gathers for
     K and V (16 + 16 per thread and tile), the 22.6 KB of LDS, no scratch."""
     case = make(arch, block_size, 8, contexts=(17,), num_kv_heads=1)
-    launch = s1.build_kernel(arch, block_size, 8, 1 / math.sqrt(128))
-    text = toolchain.compile_isa(launch, case.query, case.k_cache, case.v_plain(), case.block_tables,
-                                 case.context_lengths, case.k_scale, case.v_scale, torch.empty_like(case.query),
-                                 1, 1, arch=arch)
-    st = isa.IsaStats.from_asm(text)
+    launcher, args, _ = s1.launch_args(case.query, case.k_cache, case.v_plain(), case.block_tables,
+                                       case.context_lengths, case.k_scale, case.v_scale, arch=arch)
+    st = isa.IsaStats.from_asm(toolchain.compile_isa(launcher, *args, arch=arch))
     assert st.count("v_mfma_f32_16x16x32_fp8_fp8") == 32
     assert st.count("buffer_load_dwordx2") == 32
     assert st.lds_bytes == 2048 + 16384 + 4096 + 64

@@ -27,6 +27,7 @@ from flydsl.expr.typing import ReductionOp, T
 
 __all__ = [
     "paged_decode",
+    "launch_args",
     "build_kernel",
     "HEAD_DIM",
     "TILE_TOKENS",
@@ -438,6 +439,28 @@ def _check_args(query, key_cache, value_cache, block_tables, context_lengths, ke
             num_seqs, num_kv_heads, block_size, num_q_heads // num_kv_heads)
 
 
+OUT_ARG = 7  # position of ``out`` among the launcher's arguments
+
+
+def launch_args(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale, *,
+                softmax_scale=None, out=None, arch=None):
+    """``(launcher, args, arch)`` after validation, with nothing compiled or launched:
+    ``launcher(*args)`` (inside ``pa_tile.toolchain.target_arch(arch)``) runs the kernel and
+    fills ``args[OUT_ARG]``, the output; ``pa_tile.toolchain.compile_isa(launcher, *args,
+    arch=arch)`` shows its assembly. Same arguments as ``paged_decode``."""
+    if arch is None:
+        from pa_tile import backend
+
+        arch = backend.default_arch()
+    (key_cache, value_cache, key_scale, value_scale, softmax_scale, out,
+     num_seqs, num_kv_heads, block_size, group_size) = _check_args(
+        query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale,
+        softmax_scale, out, arch)
+    args = (query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale, out,
+            num_seqs, num_kv_heads)
+    return build_kernel(arch, block_size, group_size, softmax_scale), args, arch
+
+
 def paged_decode(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale, *,
                  softmax_scale=None, out=None, arch=None):
     """fp8 paged decode attention (stage 1); returns ``out`` ``[num_seqs, num_q_heads, 128]`` f16.
@@ -451,15 +474,9 @@ def paged_decode(query, key_cache, value_cache, block_tables, context_lengths, k
     """
     from pa_tile import backend, toolchain
 
-    if arch is None:
-        arch = backend.default_arch()
-    (key_cache, value_cache, key_scale, value_scale, softmax_scale, out,
-     num_seqs, num_kv_heads, block_size, group_size) = _check_args(
-        query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale,
-        softmax_scale, out, arch)
+    launcher, args, arch = launch_args(query, key_cache, value_cache, block_tables, context_lengths, key_scale,
+                                       value_scale, softmax_scale=softmax_scale, out=out, arch=arch)
     backend.ensure_backend()
-    launch = build_kernel(arch, block_size, group_size, softmax_scale)
     with toolchain.target_arch(arch):
-        launch(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale, out,
-               num_seqs, num_kv_heads)
-    return out
+        launcher(*args)
+    return args[OUT_ARG]
