@@ -1,0 +1,602 @@
+# ---
+# jupyter:
+#   jupytext:
+#     cell_metadata_filter: tags,-all
+#     formats: ipynb,py:percent
+#     notebook_metadata_filter: -all
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+# ---
+
+# %% [markdown]
+# # 03 · Raw 128-bit loads and a pipelined loop
+#
+# Chapter 2 already reads K, V and the query with raw `buffer_load_dwordx4` and feeds raw
+# MFMA calls; it did so without saying why the tiled API could not. This chapter shows it
+# from the ISA, then spends the registers chapter 2 saved on a **software-pipelined loop**:
+#
+# 1. why a tiled copy of an MFMA operand stops at 64-bit loads, and why permuting the
+#    contracted dimension lets one 128-bit load feed two MFMAs without changing the result;
+# 2. why the query must be loaded as raw dwords (element access is scalarized into 16-bit loads);
+# 3. the next tile's K and its block-table entries become loop-carried values, V is issued at
+#    the top of the tile that uses it;
+# 4. what it costs: registers and waves per SIMD, measured, and the choice made.
+#
+# Scope and numerics are chapter 2's (f16 query, head_dim 128, plain K/V layouts,
+# per-tensor scales, block 16/64, group 8/16).
+
+# %%
+import math
+import re
+
+import torch
+
+from pa_tile import cache, isa, toolchain
+from pa_tile.emu.memory import format_table
+
+# %% [markdown]
+# ## Why the tiled copy stops at 64 bits
+#
+# Chapter 1 built K's MFMA operand with a tiled copy derived from the tiled MMA. Compile it and
+# count the loads by width:
+
+# %%
+from pa_tile.stages import s1_tile_qk  # noqa: E402
+
+
+def compiled(module, arch="gfx942", block_size=16, group=8, **kw):
+    fmt = "ocp" if arch == "gfx950" else "fnuz"
+    case = cache.make_case(1, group, 1, 128, block_size, 17, fp8_format=fmt)
+    launch, args, arch = module.launch_args(case.query, case.k_cache, case.v_plain(), case.block_tables,
+                                            case.context_lengths, case.k_scale, case.v_scale, arch=arch, **kw)
+    return toolchain.compile_isa(launch, *args, arch=arch)
+
+
+asm1 = compiled(s1_tile_qk)
+st1 = isa.IsaStats.from_asm(asm1)
+print("stage 1 loads:", st1.load_widths)
+print(*[ln.strip() for ln in asm1.splitlines() if "buffer_load_dwordx2" in ln][:4], sep="\n")
+
+# %% [markdown]
+# The K and V operand loads are `buffer_load_dwordx2`: 8 bytes per lane. The reason is the
+# operand layout. For `v_mfma_f32_16x16x32_fp8_fp8` lane `(c, g)` (`c = lane % 16`,
+# `g = lane // 16`) holds row `c`, contracted indices `k = 8g .. 8g+7`: **8 contiguous
+# bytes**. The next 8 bytes of the same K row (`k = 8g+8 ..`) belong to lane `(c, g+1)`, and
+# the lane's next values (the next k-step, `k = 32 + 8g ..`) start 24 bytes further on. A
+# tiled copy partitions the tensor exactly as the MMA atom does, so the widest vector it can
+# prove contiguous per thread is 8 bytes, and that is the load it emits. Two loads per
+# 128 bytes-per-lane-pair, twice the instructions, and each `dwordx2` moves half of what the
+# memory pipeline could move per instruction.
+#
+# The fix is to change *which* contracted indices a k-step uses. For any permutation π of
+# `k`, `Σ_k A[r, π(k)]·B[π(k), c] = Σ_k A[r, k]·B[k, c]`: a dot product does not care in which
+# order its terms are paired, as long as A and B are permuted alike. So let lane `(c, g)` load
+# 16 contiguous bytes `16g .. 16g+15` of its row with one `dwordx4`, use bytes 0-7 in k-step 0
+# and bytes 8-15 in k-step 1, and load the query's B operand with the same mapping. Each
+# MFMA then sums a different set of 32 channels than the "natural" order, but the two k-steps
+# together cover the same 64, pair A and B alike, and accumulate into the same `D`.
+
+# %%
+# The argument, checked in integers (exact): permute k in both operands, same product.
+g = torch.Generator().manual_seed(0)
+A = torch.randint(-8, 8, (16, 64), generator=g)
+B = torch.randint(-8, 8, (64, 16), generator=g)
+lane_order = torch.tensor([16 * grp + 8 * step + i for step in range(2) for grp in range(4) for i in range(8)])
+# k-step `step`, lane group `grp` gets channels 16·grp + 8·step .. +8: a permutation of 0..63
+assert sorted(lane_order.tolist()) == list(range(64))
+assert torch.equal(A[:, lane_order] @ B[lane_order], A @ B)
+print("k permuted in A and B alike: identical product")
+
+# %% [markdown]
+# ## The query: 16-bit elements, scalarized
+#
+# The query is f16. Reading a lane's 8 values element by element through a buffer tensor is
+# the obvious code, and the backend does not merge the eight 2-byte reads into one:
+
+# %%
+import flydsl.compiler as flyc  # noqa: E402
+import flydsl.expr as fx  # noqa: E402
+from flydsl.expr import const_expr, gpu, range_constexpr  # noqa: E402
+
+from pa_tile.stages.s2_register_softmax import _buffer_load, _buffer_store, _rsrc  # noqa: E402
+
+
+def query_probe(raw):
+    """A one-wave kernel summing 8 f16 per lane: element reads, or one raw 128-bit load."""
+
+    @flyc.kernel(known_block_size=(64, 1, 1))
+    def probe(out: fx.Tensor, q: fx.Tensor):
+        tid = fx.Int32(gpu.thread_id("x"))
+        if const_expr(raw):
+            vals = _buffer_load(_rsrc(q), tid * 16, 4).bitcast(fx.Float16)  # 4 dwords = 8 f16
+            xs = [fx.Float16(vals[i]) for i in range_constexpr(8)]
+        else:
+            qb = fx.rocdl.make_buffer_tensor(q)
+            xs = [fx.Float16(qb[tid * 8 + i]) for i in range_constexpr(8)]
+        acc = fx.Float32(0.0)
+        for x in xs:
+            acc = acc + x.to(fx.Float32)
+        _buffer_store(acc.bitcast(fx.Int32), _rsrc(out), tid * 4)
+
+    @flyc.jit
+    def launch(out: fx.Tensor, q: fx.Tensor, stream: fx.Stream = fx.Stream(None)):
+        probe(out, q).launch(grid=(1, 1, 1), block=(64, 1, 1), stream=stream)
+
+    return launch
+
+
+q_demo, o_demo = torch.zeros(512, dtype=torch.float16), torch.zeros(64)
+for raw in (False, True):
+    st = isa.IsaStats.from_asm(toolchain.compile_isa(query_probe(raw), o_demo, q_demo, arch="gfx942"))
+    print("raw dwordx4 + bitcast" if raw else "element reads        ", st.load_widths)
+
+# %% [markdown]
+# Eight `buffer_load_ushort` per lane instead of one `buffer_load_dwordx4`. The loads are
+# lowered one element at a time and nothing downstream widens them. The fix is to ask for
+# the width explicitly: a raw 4-dword load, then a bitcast of the `vector<4xi32>` to
+# `vector<8xf16>`, which costs no instruction. `_query_operands` (chapter 2) does exactly
+# that, four `dwordx4` per lane.
+#
+# ## The kernel
+#
+# Everything not about the loop is unchanged from chapter 2 and imported from its module.
+
+# %% tags=["export"]
+# %% tags=["export"]
+"""Stage 3: stage 2's kernel with a software-pipelined loop.
+
+The next tile's K (16 ``buffer_load_dwordx4`` per lane) and its block-table entries are loop-carried
+values, loaded one iteration ahead; V is issued at the top of the iteration it is used in, so
+Q·Kᵀ and the softmax hide its latency. K and V go straight from 128-bit loads into the raw MFMA
+operands, the query is read in 128-bit chunks, exp2/rcp are the hardware's ``v_exp_f32``/``v_rcp_f32``.
+
+Layouts and numerics are stage 2's (``pa_tile.stages.s2_register_softmax``): query
+``[num_seqs, num_q_heads, 128]`` f16; K ``[num_blocks, kv_heads, block_size, 128]``; V
+``[num_blocks, kv_heads, 128, block_size]``; fp8 e4m3 of the arch's flavour; per-tensor scales.
+``prefetch_k=False`` rebuilds stage 2's loop (no K prefetch) for comparison.
+"""
+
+import functools
+import math
+
+import flydsl.compiler as flyc
+import flydsl.expr as fx
+from flydsl.compiler.kernel_function import CompilationContext
+from flydsl.expr import arith, const_expr, gpu, range_constexpr
+
+from pa_tile.stages import s2_register_softmax as _s2
+from pa_tile.stages.s2_register_softmax import (  # unchanged from stage 2
+    BLOCK_SIZES, FP8_MAX, GROUP_SIZES, HEAD_DIM, LOG2E, MASKED, SPAN, TILE, WAVE, WAVES,
+    _buffer_load, _buffer_store, _i64, _imin, _mask_tail, _merge_waves, _mfma, _query_operands, _rsrc,
+    _scalar_load, _softmax_step, _pv_step, _uniform, numerics_model,
+)
+
+__all__ = ["paged_decode", "build_launcher", "launch_args", "numerics_model", "HEAD_DIM", "BLOCK_SIZES",
+           "GROUP_SIZES"]
+
+# %% [markdown]
+# ## Software pipelining
+#
+# In chapter 2 each iteration issued its tile's K and V loads and then waited for K before
+# the first MFMA: one full memory latency per tile that only *other* waves could fill. Now
+# the loop carries the next tile's K in registers:
+#
+# ```
+#   before the loop: page ids of tile 0 -> K(0);  page id of tile 1 (K)
+#   iteration t:     issue V(t)                       (page id carried from t-1)
+#                    issue K(t+1)                     (page id carried from t-1)
+#                    issue page ids: K of t+2, V of t+1
+#                    Q·Kᵀ(t) on the carried K(t) -> softmax -> P·V(t)  (waits for V only)
+#                    carry K(t+1) and the two page ids
+# ```
+#
+# The block-table entries travel one step ahead of the loads that use them, so no load
+# waits on a block-table read. Past the last tile the indices clamp to the sequence's last
+# page: the final iteration loads that page's K once more and never uses it (8 KB per wave
+# per workgroup, once), in exchange for a loop without a branch around its loads.
+#
+# Reloading a block-table entry could also be skipped while consecutive tiles stay on one
+# page. In this kernel they never do: a tile is 256 tokens and a page at most 64, so every
+# tile of a wave starts on a new page, and the only repeats are the clamped reads past the
+# end. The kernel therefore keeps the loads unconditional (a branch per tile would cost more
+# than the one `buffer_load_dword` it saves); for block 64 the K and V page of a lane are the
+# same entry and the compiler already reads it once.
+
+# %% tags=["export"]
+@functools.lru_cache(maxsize=None)
+def build_launcher(block_size: int, group: int, arch: str, prefetch_k: bool = True):
+    """The ``@flyc.jit`` launcher for one (block_size, group, arch, prefetch_k) specialization."""
+    if block_size not in BLOCK_SIZES or group not in GROUP_SIZES or arch not in FP8_MAX:
+        raise ValueError(f"unsupported specialization block_size={block_size}, group={group}, arch={arch!r}")
+    BS, G, PREFETCH = block_size, group, bool(prefetch_k)
+    FMAX = FP8_MAX[arch]
+    LOG2_FMAX = math.log2(FMAX)
+    PAGE_BYTES = BS * HEAD_DIM
+    PAGES_PER_SPAN = SPAN // BS
+
+    @fx.struct
+    class Shared:
+        stats: fx.Array[fx.Float32, 2 * 16 * WAVES, 16]
+        xchg: fx.Array[fx.Float32, WAVES * 2 * WAVE * 4, 16]
+
+    @flyc.kernel(known_block_size=(WAVES * WAVE, 1, 1))
+    def pa_decode_s3(
+        out: fx.Tensor,
+        query: fx.Tensor,
+        key_cache: fx.Tensor,
+        value_cache: fx.Tensor,
+        block_tables: fx.Tensor,
+        context_lengths: fx.Tensor,
+        key_scale: fx.Tensor,
+        value_scale: fx.Tensor,
+        num_kv_heads: fx.Int32,
+        max_blocks: fx.Int32,
+        scale_log2: fx.Float32,
+    ):
+        tid = fx.Int32(gpu.thread_id("x"))
+        wave = _uniform(tid // WAVE)
+        lane = tid % WAVE
+        col = lane % 16
+        grp = lane // 16
+        seq = fx.Int32(gpu.block_id("x"))
+        kvh = fx.Int32(gpu.block_id("y"))
+        q_rs, k_rs, v_rs, bt_rs, o_rs = (_rsrc(t) for t in (query, key_cache, value_cache, block_tables, out))
+        ctx = _scalar_load(context_lengths, seq)
+        k_scale = _scalar_load(key_scale, 0).bitcast(fx.Float32)
+        v_scale = _scalar_load(value_scale, 0).bitcast(fx.Float32)
+        head0 = seq * (num_kv_heads * G) + kvh * G
+
+        q_ops, q_scale = _query_operands(q_rs, head0 + _imin(col, G - 1), col < G, FMAX, grp)
+        c_qk = q_scale * k_scale * scale_log2
+
+        last_page = (ctx - 1) // BS
+        num_tiles = (ctx + (TILE - 1)) // TILE
+        bt_row = seq * max_blocks
+        if const_expr(PAGES_PER_SPAN > 1):
+            k_lane = (col % 4) * HEAD_DIM + grp * 16
+            v_lane = col * BS
+        else:
+            k_lane = ((col // 4) * 16 + col % 4) * HEAD_DIM + grp * 16
+            v_lane = col * BS + grp * 16
+        chunk_off = [((j + 2 * wave) % 8) * (16 * BS) for j in range_constexpr(8)]
+        k_page_j = col // 4 if PAGES_PER_SPAN > 1 else 0
+        v_page_j = grp if PAGES_PER_SPAN > 1 else 0
+
+        def page_id(tile, j):
+            # clamped: past the context, a wave re-reads the sequence's last page (masked later)
+            idx = _imin(tile * (TILE // BS) + wave * PAGES_PER_SPAN + j, last_page)
+            return _buffer_load(bt_rs, (bt_row + idx) * 4, 1)
+
+        def slab(page):
+            return (page * num_kv_heads + kvh) * PAGE_BYTES
+
+        def load_k(page):
+            voff = slab(page) + k_lane
+            words = []
+            for a in range_constexpr(4):
+                for h in range_constexpr(2):
+                    v = _buffer_load(k_rs, voff, 4, offset=a * 4 * HEAD_DIM + h * 64)
+                    words.extend([v[i] for i in range_constexpr(4)])
+            return fx.Vector.from_elements(words, dtype=fx.Int32)
+
+        def load_v(page):
+            voff = slab(page) + v_lane
+            words = []
+            for j in range_constexpr(8):
+                v = _buffer_load(v_rs, voff, 4, soffset=chunk_off[j])
+                words.extend([v[k] for k in range_constexpr(4)])
+            return fx.Vector.from_elements(words, dtype=fx.Int32)
+
+        def tile_math(t, k_words, v_words, o, m_old, l_old):
+            s = []
+            for a in range_constexpr(4):
+                acc = fx.Vector.filled(4, 0.0, fx.Float32)
+                for h in range_constexpr(2):
+                    for half in range_constexpr(2):
+                        w0 = (2 * a + h) * 4 + 2 * half
+                        acc = _mfma(_i64(k_words[w0], k_words[w0 + 1]), q_ops[2 * h + half], acc)
+                s.extend([acc[i] for i in range_constexpr(4)])
+            s = fx.Vector.from_elements(s, dtype=fx.Float32)
+            n_valid = ctx - (t * TILE + wave * SPAN + grp * 16)
+            if t + 1 == num_tiles:
+                s, v_words = _mask_tail(s, v_words, n_valid)
+            p_ops, corr, m_new, l_new = _softmax_step(s, m_old, l_old, c_qk, LOG2_FMAX)
+            return _pv_step(o, v_words, p_ops, corr), m_new, l_new
+
+        zero4 = fx.Vector.filled(4, 0.0, fx.Float32)
+        softmax0 = [zero4] * 8 + [fx.Float32(MASKED), fx.Float32(0.0)]
+        if const_expr(PREFETCH):
+            # carried: this tile's K (already loaded), the next tile's K page, this tile's V page
+            state = [load_k(page_id(0, k_page_j)), page_id(1, k_page_j), page_id(0, v_page_j)] + softmax0
+            base = 3
+        else:
+            state = [page_id(0, k_page_j), page_id(0, v_page_j)] + softmax0
+            base = 2
+        for t, st in range(0, num_tiles, 1, init=state):
+            t = fx.Int32(t)
+            o = [st[base + j] for j in range_constexpr(8)]
+            m_old, l_old = st[base + 8], st[base + 9]
+            if const_expr(PREFETCH):
+                k_words, k_page_next, v_page = st[0], st[1], st[2]
+                v_words = load_v(v_page)  # this tile's V: lands during Q·Kᵀ and the softmax
+                k_words_next = load_k(k_page_next)  # next tile's K: lands during this whole tile
+                carry = [k_words_next, page_id(t + 2, k_page_j), page_id(t + 1, v_page_j)]
+            else:
+                k_page, v_page = st[0], st[1]
+                k_words = load_k(k_page)
+                v_words = load_v(v_page)
+                carry = [page_id(t + 1, k_page_j), page_id(t + 1, v_page_j)]
+            # keep every load of the iteration ahead of its math (the scheduler would otherwise
+            # sink the V and next-K loads below the MFMAs that do not need them)
+            fx.rocdl.sched_barrier(0)
+            o, m_new, l_new = tile_math(t, k_words, v_words, o, m_old, l_old)
+            res = yield carry + o + [m_new, l_new]
+
+        lds = fx.SharedAllocator().allocate(Shared).peek()
+        o0, o1 = _merge_waves(
+            [res[base + j] for j in range_constexpr(8)], fx.Float32(res[base + 8]), fx.Float32(res[base + 9]),
+            v_scale, lds, wave, lane, col, grp,
+        )
+        if col < G:
+            row = (head0 + col) * (HEAD_DIM * 2)
+            _buffer_store(o0.to(fx.Float16).bitcast(fx.Int32), o_rs, row + ((2 * wave) * 16 + grp * 4) * 2)
+            _buffer_store(o1.to(fx.Float16).bitcast(fx.Int32), o_rs, row + ((2 * wave + 1) * 16 + grp * 4) * 2)
+
+    @flyc.jit
+    def launch(
+        out: fx.Tensor,
+        query: fx.Tensor,
+        key_cache: fx.Tensor,
+        value_cache: fx.Tensor,
+        block_tables: fx.Tensor,
+        context_lengths: fx.Tensor,
+        key_scale: fx.Tensor,
+        value_scale: fx.Tensor,
+        num_seqs: fx.Int32,
+        num_kv_heads: fx.Int32,
+        max_blocks: fx.Int32,
+        scale_log2: fx.Float32,
+        stream: fx.Stream = fx.Stream(None),
+    ):
+        with CompilationContext.compile_hints({"fastmath": arith.FastMathFlags.contract}):
+            pa_decode_s3(
+                out, query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale,
+                num_kv_heads, max_blocks, scale_log2,
+            ).launch(grid=(num_seqs, num_kv_heads, 1), block=(WAVES * WAVE, 1, 1), stream=stream)
+
+    return launch
+
+# %% [markdown]
+# ## The launcher
+#
+# Validation is chapter 2's (same inputs, same errors), then this stage's launcher.
+# `prefetch_k=False` rebuilds chapter 2's loop so that the two can be compared below.
+
+# %% tags=["export"]
+def launch_args(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale, *,
+                softmax_scale=None, out=None, arch=None, prefetch_k=True):
+    """``(launcher, args, arch)`` after validation (stage 2's checks: same inputs, same errors)."""
+    if not isinstance(prefetch_k, bool):
+        raise TypeError(f"prefetch_k: expected a bool, got {type(prefetch_k).__name__}")
+    _, args, arch = _s2.launch_args(query, key_cache, value_cache, block_tables, context_lengths, key_scale,
+                                    value_scale, softmax_scale=softmax_scale, out=out, arch=arch)
+    block_size, group = key_cache.shape[2], query.shape[1] // key_cache.shape[1]
+    return build_launcher(block_size, group, arch, prefetch_k), args, arch
+
+
+def paged_decode(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale, *,
+                 softmax_scale=None, out=None, arch=None, prefetch_k=True):
+    """fp8 paged decode attention; returns ``out`` (shaped and typed like ``query``).
+
+    Arguments as in stage 2 (``pa_tile.stages.s2_register_softmax.paged_decode``); ``prefetch_k``
+    (default True) loads each tile's K one iteration ahead.
+    """
+    from pa_tile import backend, toolchain
+
+    launcher, args, arch = launch_args(query, key_cache, value_cache, block_tables, context_lengths, key_scale,
+                                       value_scale, softmax_scale=softmax_scale, out=out, arch=arch,
+                                       prefetch_k=prefetch_k)
+    backend.ensure_backend()
+    with toolchain.target_arch(arch):
+        launcher(*args)
+    return args[0]
+
+
+# %% [markdown]
+# ## What the prefetch costs, and what it buys
+#
+# Compile both loops (block 16, group 8) and read the register count, the waves per SIMD it
+# allows, and, in the loop body, how many of the iteration's vector-memory loads are still
+# in flight when the first MFMA issues (the `vmcnt` of the last `s_waitcnt` before it:
+# the hardware lets that many loads remain outstanding).
+
+# %%
+from pa_tile.stages import s2_register_softmax as s2  # noqa: E402
+from pa_tile.stages import s3_raw_loads as s3  # noqa: E402
+
+
+def loop_body(asm, st):
+    lines = asm.splitlines()[st.main_loop.start_line - 1 : st.main_loop.end_line]
+    return [ln.strip() for ln in lines
+            if ln.strip() and not ln.strip().startswith((";", ".")) and not ln.rstrip().endswith(":")]
+
+
+def first_mfma_wait(body):
+    """(vector loads issued before the first MFMA, vmcnt it waits down to)."""
+    first = next(i for i, ln in enumerate(body) if ln.startswith("v_mfma"))
+    loads = sum(ln.startswith("buffer_load") for ln in body[:first])
+    waits = [re.search(r"vmcnt\((\d+)\)", ln) for ln in body[:first] if ln.startswith("s_waitcnt")]
+    waits = [int(w.group(1)) for w in waits if w]
+    return loads, (waits[-1] if waits else None)
+
+
+rows = []
+asms = {}
+for arch in ("gfx942", "gfx950"):
+    for label, mod, kw in (("stage 2", s2, {}), ("s3 prefetch_k=False", s3, dict(prefetch_k=False)),
+                           ("s3 prefetch_k=True", s3, dict(prefetch_k=True))):
+        asm = asms[label, arch] = compiled(mod, arch, **kw)
+        st = isa.IsaStats.from_asm(asm)
+        occ = isa.occupancy(st, arch)
+        loads, vmcnt = first_mfma_wait(loop_body(asm, st))
+        rows.append(dict(arch=arch, loop=label, vgpr=st.vgpr_unified, agpr=st.agpr, spills=st.vgpr_spill,
+                         lds=st.lds_bytes, waves_per_simd=occ.waves_per_simd, loop_instr=st.main_loop_instructions,
+                         loads_before_mfma=loads, in_flight_at_mfma=vmcnt))
+print(format_table(rows))
+
+# %% [markdown]
+# Reading the table:
+#
+# * **Registers.** The carried K is 32 more VGPRs per lane (16 `dwordx4`): 126 → 158 on
+#   gfx942. The unified file holds 512 registers per lane per SIMD in granules of 8, so 128
+#   fits 4 waves and 158 fits 3. That is the wave chapter 2 kept by not prefetching.
+# * **Latency.** Without prefetch the first MFMA must wait until the K loads are back, with
+#   only the V loads still outstanding (`in_flight_at_mfma` = the 8 V loads + page ids):
+#   one memory latency per tile, per wave, hidden only if the other 3 waves of the SIMD happen
+#   to be computing. With prefetch the first MFMA runs on the carried K while all 24 loads
+#   of the iteration (V, next K, page ids) are in flight: the wave waits only for V, issued
+#   one Q·Kᵀ + softmax earlier, and the next K has a whole iteration to arrive.
+#
+# **Choice: prefetch on** (the default). Decode attention streams K and V once; what limits
+# it is how many bytes a CU keeps in flight (bandwidth = bytes in flight / latency). Per
+# wave, chapter 2's loop has 16 KB of K+V requested at the top of a tile and then nothing
+# until the next tile; the pipelined loop has the next tile's 8 KB of K requested during the
+# whole iteration as well. 3 waves × (8 KB V + 8 KB next K) in flight through most of the
+# iteration beats 4 waves × 16 KB in flight only until each wave's K has landed, and the
+# pipelined wave no longer depends on its neighbours being out of phase. This is an argument
+# about timing that the emulator cannot measure (it has no clock); on a GPU,
+# `python -m pa_tile bench` times both settings (`prefetch_k=False` stays available).
+
+# %% [markdown]
+# ## exp2, rcp and cross-lane reductions
+#
+# The softmax uses the hardware's transcendental unit directly: `v_exp_f32` (2^x) and
+# `v_rcp_f32`, with the `log2(e)` and softmax scales folded into one multiplier per score, so
+# no `exp` or division expansion appears. Cross-lane steps, per arch:
+
+# %%
+xlane = ("v_exp_f32", "v_rcp_f32", "v_mov_b32_dpp", "ds_swizzle_b32", "ds_bpermute_b32",
+         "v_permlane32_swap_b32", "v_permlane16_swap_b32")
+rows = []
+for arch in ("gfx942", "gfx950"):
+    st = isa.IsaStats.from_asm(asms["s3 prefetch_k=True", arch])
+    body = [ln.split()[0] for ln in loop_body(asms["s3 prefetch_k=True", arch], st)]
+    rows.append(dict(arch=arch, **{m: f"{sum(x.startswith(m) for x in body)} / {st.count_prefix(m)}" for m in xlane}))
+print("loop / whole kernel")
+print(format_table(rows))
+
+# %% [markdown]
+# The loop's cross-lane work is the per-tile max over the 4 lanes of a head, which the
+# turned-around layout of chapter 2 puts **16 and 32 lanes apart** (lanes `c, c+16, c+32,
+# c+48`). DPP moves data only inside a row of 16 lanes on these chips (`quad_perm`,
+# `row_shl/shr/ror`; `row_bcast` is a one-way broadcast for scans, not a butterfly), so it
+# cannot do an xor-16 or xor-32 step. The backend uses the cheapest tool each arch has:
+# `ds_swizzle` (SWAP 16) and `ds_bpermute` on gfx942 (LDS crossbar, no LDS memory), and
+# `v_permlane32_swap`/`v_permlane16_swap` on gfx950 (pure VALU). The other 15 of the 16
+# comparisons per tile are in-lane `v_max_f32`. DPP reductions would pay off for a layout
+# that spreads a reduction over neighbouring lanes (chapter 1's row softmax); this one was
+# chosen so that it does not need them.
+
+# %% [markdown]
+# ## Does it work?
+#
+# Same matrix and tolerances as chapter 2 (see there for the derivation): both archs, block
+# 16 and 64, group 8 and 16, contexts 1, 17, 256, 1027 with shuffled pages and `-1` in unused
+# block-table entries. The prefetch changes no arithmetic, so the output must be
+# **bit-identical** to chapter 2's kernel.
+
+# %% tags=["nbval-ignore-output"]
+from pa_tile import backend  # noqa: E402
+
+print("backend:", backend.ensure_backend())
+
+# %%
+def check(arch, block_size, group, contexts=(1, 17, 256, 1027), num_kv_heads=1, seed=1):
+    fmt = "ocp" if arch == "gfx950" else "fnuz"
+    case = cache.make_case(len(contexts), group * num_kv_heads, num_kv_heads, 128, block_size, list(contexts),
+                           fp8_format=fmt, seed=seed, pad_block_id=-1)
+    args = (case.query, case.k_cache, case.v_plain(), case.block_tables, case.context_lengths,
+            case.k_scale, case.v_scale)
+    device = backend.device_for_tensors()
+    got = s3.paged_decode(*(x.to(device) for x in args), arch=arch).cpu()
+    before = s2.paged_decode(*(x.to(device) for x in args), arch=arch).cpu()
+    ref = case.reference().float()
+    rows = []
+    for s, n in enumerate(contexts):
+        err = (got[s].float() - ref[s]).abs()
+        rows.append(dict(arch=arch, block=block_size, group=group, context=n,
+                         err_vs_ref=round(float(err.max()), 4),
+                         ok=bool((err <= 0.1 + 2**-4 * ref[s].abs()).all()),
+                         same_as_stage2=bool(torch.equal(got[s], before[s]))))
+    return rows
+
+
+table = [r for arch in ("gfx942", "gfx950") for bs in (16, 64) for g in (8, 16) for r in check(arch, bs, g)]
+print(format_table(table))
+assert all(r["ok"] and r["same_as_stage2"] for r in table)
+
+# %% [markdown]
+# ## What it compiles to, against chapter 2
+
+# %%
+for arch in ("gfx942", "gfx950"):
+    print(isa.diff(isa.IsaStats.from_asm(asms["stage 2", arch]), isa.IsaStats.from_asm(asms["s3 prefetch_k=True", arch]),
+                   labels=("stage 2", "stage 3"), mnemonics=False))
+    print()
+
+# %% [markdown]
+# ## Load instructions by width, stage 1 → 3
+#
+# From the ISA (static count, whole kernel) and from the emulator trace of one sequence of
+# exactly one tile (256 tokens, block 16, group 8, gfx942): dynamic vector-memory load
+# instructions by width, and the bytes each one moves for the wave.
+
+# %%
+from pa_tile.emu import launch as emu_launch  # noqa: E402
+from pa_tile.emu.memory import Trace  # noqa: E402
+
+one_tile = cache.make_case(1, 8, 1, 128, 16, 256, fp8_format="fnuz", pad_block_id=-1)
+
+
+def traced(module, **kw):
+    trace = Trace("gfx942")
+    with emu_launch.launch_options(trace=trace):
+        module.paged_decode(one_tile.query, one_tile.k_cache, one_tile.v_plain(), one_tile.block_tables,
+                            one_tile.context_lengths, one_tile.k_scale, one_tile.v_scale, arch="gfx942", **kw)
+    return trace
+
+
+def load_rows(label, asm, trace):
+    st = isa.IsaStats.from_asm(asm)
+    dyn = {}
+    for r in trace.accesses():
+        if r["space"] in ("buffer", "global") and not r["write"]:
+            d = dyn.setdefault(r["mnemonic"], [0, 0])
+            d[0] += 1
+            d[1] += r["bytes"]
+    return [dict(stage=label, load=m, static=sum(v for w in st.load_widths.values() for k, v in w.items()
+                                                  if m.endswith("_" + k)),
+                 executed=n, bytes=b, bytes_per_instr=b // n) for m, (n, b) in sorted(dyn.items())]
+
+
+rows = (load_rows("stage 1", asm1, traced(s1_tile_qk)) + load_rows("stage 2", asms["stage 2", "gfx942"], traced(s2))
+        + load_rows("stage 3", asms["s3 prefetch_k=True", "gfx942"], traced(s3)))
+print(format_table(rows))
+
+# %% [markdown]
+# Stage 1 moves K and V with `dwordx2` (512 bytes per wave instruction) and the block table
+# with one `dword` per element; stages 2 and 3 move every K, V and query byte with `dwordx4`
+# (1 KB per wave instruction: the widest a VMEM load has). Stage 3 executes 16 more `dwordx4`
+# per wave than stage 2 on this one-tile case: the prefetch of a tile that does not exist,
+# clamped to the last page (see above); on a long context that is 1 extra K tile per wave.
+#
+# ## Memory traffic of one tile
+#
+# The full trace of stage 3 for that tile: bytes, 64-byte segments touched (and the fewest
+# possible), LDS bank conflicts (the merge only).
+
+# %%
+trace3 = traced(s3)
+cols = ["mnemonic", "space", "executions", "bytes", "segments", "min_segments", "max_degree", "conflict_cycles"]
+print(format_table(trace3.summary(), ["line"] + cols))
