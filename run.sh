@@ -21,7 +21,9 @@ case "${1:-}" in
     setup
     for nb in notebooks/[0-9][0-9]_*.py; do
       echo "=== running $nb"
-      "$VENV/bin/jupytext" --to ipynb --update --execute "$nb"
+      # fresh .ipynb from the .py source, then execute it in place (outputs are never carried over)
+      "$VENV/bin/jupytext" --quiet --to ipynb "$nb"
+      "$VENV/bin/jupyter" nbconvert --to notebook --execute --inplace "${nb%.py}.ipynb"
     done ;;
   test)
     setup

@@ -154,30 +154,48 @@ print(f"batch 128, context 16384: {decode_bytes(128, 16384) / 2**30:.2f} GiB per
 # | V plain | `[nb, kvh, head_dim, block_size]` | one channel's tokens contiguous |
 # | V trans-blocked | `[nb, kvh, block_size/16, head_dim, 16]` | 16 tokens of a channel = one 128-bit load, the order P·V consumes |
 #
-# The picture shows, for one page of one KV head (block_size 16, head_dim 64 to keep it
-# small), the byte offset at which each (token, channel) element lands. Colour = offset.
+# The picture shows one page of one KV head (block_size 32, head_dim 32 to keep it small).
+# Each number marks one **16-byte chunk**, what a lane fetches with one 128-bit load, at its
+# position in memory; colours are 64-byte memory segments (4 chunks). If lane `i` of a wave
+# takes chunk `i`, a layout is good when the chunks a wave needs *together* are numbered
+# consecutively.
 
 # %%
-def offsets(layout, block_size=16, head_dim=64):
-    """Byte offset of each logical (token, channel) element of page 0 under a layout."""
+import numpy as np  # noqa: E402
+
+
+def chunk_of(layout, block_size=32, head_dim=32):
+    """16-byte chunk index (memory order) of each logical (token, channel) element of page 0."""
     idx = torch.arange(block_size * head_dim, dtype=torch.int32).reshape(1, 1, block_size, head_dim)
     # idx[b,h,t,d] = t*head_dim + d; build the physical tensor, then read back where each element went
     phys = {"K plain": idx, "K blocked": cache.to_k_blocked(idx), "V plain": cache.to_v_plain(idx),
             "V trans-blocked": cache.to_v_trans_blocked(idx)}[layout].flatten()
     where = torch.empty_like(phys)
     where[phys.long()] = torch.arange(phys.numel(), dtype=torch.int32)
-    return where.reshape(block_size, head_dim)
+    return (where // 16).reshape(block_size, head_dim).numpy()
 
 
-fig, axes = plt.subplots(1, 4, figsize=(13, 2.6), sharey=True)
+fig, axes = plt.subplots(1, 4, figsize=(14, 4.2), sharey=True)
 for ax, name in zip(axes, ["K plain", "K blocked", "V plain", "V trans-blocked"]):
-    ax.imshow(offsets(name), cmap="viridis", aspect="auto")
+    ch = chunk_of(name)
+    ax.imshow((ch // 4) % 8, cmap="Pastel2", aspect="auto", interpolation="nearest")
+    for c in range(ch.max() + 1):
+        t, d = np.argwhere(ch == c).mean(axis=0)
+        ax.text(d, t, str(c), ha="center", va="center", fontsize=6)
     ax.set_title(name, fontsize=10)
     ax.set_xlabel("channel d")
 axes[0].set_ylabel("token t in page")
 plt.tight_layout()
 plt.show()
-print("K blocked, token 0, channels 0..19 -> byte offsets:", offsets("K blocked")[0, :20].tolist())
+
+# %% [markdown]
+# * **K plain**: chunks 0 and 1 are one token's 32 channels, so lanes that need *the same
+#   channels of different tokens* (what Q·Kᵀ's B operand wants) are a whole token row apart:
+#   with head_dim 128 that is 128 bytes, and half of every 64-byte segment fetched is unused.
+# * **K blocked**: chunk `i` is channels 0–15 of token `i`: lanes reading consecutive tokens
+#   read consecutive 16 bytes, one fully used 64-byte segment per 4 lanes.
+# * **V trans-blocked**: chunk `i` is tokens 0–15 of channel `i`, the k-major order the P·V
+#   MFMA consumes, again contiguous across lanes.
 
 # %% [markdown]
 # ## Compiling FlyDSL on a CPU
