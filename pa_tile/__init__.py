@@ -10,7 +10,7 @@ __version__ = "0.1.0"
 
 import importlib as _importlib
 
-_SUBMODULES = ("toolchain", "isa", "reference", "cache", "emu", "backend", "stages", "tiny_kernels")
+_SUBMODULES = ("toolchain", "isa", "reference", "cache", "emu", "backend", "stages", "perf", "tiny_kernels")
 
 
 def __getattr__(name):

@@ -144,7 +144,7 @@ def _validate(query, k_cache, v_cache, block_tables, context_lengths, k_scale, v
             f"context_lengths: sequence {s} has {int(ctx[s])} tokens but block_tables holds only {room} "
             f"({block_tables.shape[1]} pages of {block_size})"
         )
-    used = torch.arange(block_tables.shape[1]) * block_size < ctx[:, None]
+    used = torch.arange(block_tables.shape[1], device=ctx.device) * block_size < ctx[:, None]
     bt = block_tables.to(torch.int64)
     bad = used & ((bt < 0) | (bt >= num_blocks))
     if bad.any():
@@ -208,8 +208,9 @@ def paged_attention_reference(
     ctx = context_lengths.to(torch.int64)
     n_pages = -(-int(ctx.max()) // bs)
     T = n_pages * bs
-    tok = torch.arange(T)
-    page_used = torch.arange(n_pages)[None, :] * bs < ctx[:, None]
+    dev = ctx.device
+    tok = torch.arange(T, device=dev)
+    page_used = torch.arange(n_pages, device=dev)[None, :] * bs < ctx[:, None]
     # Unused entries may be -1 or junk: point them at page 0 for the gather, then mask.
     pages = torch.where(page_used, block_tables[:, :n_pages].to(torch.int64), 0)
     in_seq = (tok[None, :] < ctx[:, None])[:, None, :, None]  # [S, 1, T, 1]
@@ -220,7 +221,7 @@ def paged_attention_reference(
     q = query.to(torch.float32).reshape(S, ql, Hkv, G, d)
     scores = torch.einsum("sihgd,shtd->sihgt", q, k) * softmax_scale
 
-    pos = ctx[:, None] - ql + torch.arange(ql)[None, :]  # [S, ql]
+    pos = ctx[:, None] - ql + torch.arange(ql, device=dev)[None, :]  # [S, ql]
     allowed = tok[None, None, :] <= pos[:, :, None]  # [S, ql, T]
     if sliding_window > 0:
         allowed &= tok[None, None, :] >= pos[:, :, None] - sliding_window + 1

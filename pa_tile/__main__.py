@@ -1,0 +1,454 @@
+"""``python -m pa_tile`` (or ``pa-tile``): the kernel engineer's command line.
+
+Subcommands: ``isa`` (static facts of the compiled code, or a diff), ``check`` (run a kernel
+against the reference), ``trace`` (memory-access report from the emulator), ``bench`` (GPU
+timings; needs a ROCm GPU), ``roofline`` (bytes, flops and time floors). ``--kernel tiny``
+selects ``pa_tile.tiny_kernels.scale_add`` instead of a stage. Exit codes: 0 success, 1 a
+check failed, 2 bad arguments or an environment that cannot do what was asked.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import List, Optional, Sequence
+
+EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+ARCHS = ("gfx942", "gfx950")
+
+
+class CliError(Exception):
+    """A user-facing error: printed without a traceback, exit code 2."""
+
+
+def _not_kernel_failures():
+    from .backend import BackendError
+    from .perf.adapters import AdapterError
+    from .toolchain import ToolchainError
+
+    return (CliError, BackendError, AdapterError, ToolchainError, ValueError, TypeError, OSError)
+
+
+# ---------------------------------------------------------------------------------------------
+# argument helpers
+
+
+def _int_list(text: str) -> List[int]:
+    try:
+        vals = [int(x) for x in text.replace(" ", "").split(",") if x]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not vals or any(v < 1 for v in vals):
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return vals
+
+
+def _pos_int(text: str) -> int:
+    vals = _int_list(text)
+    if len(vals) != 1:
+        raise argparse.ArgumentTypeError(f"expected one positive integer, got {text!r}")
+    return vals[0]
+
+
+def _stage_help() -> str:
+    from .stages import STAGES, available
+
+    have = available()
+    return f"stage short name; present in this checkout: {', '.join(have) or 'none'} (known: {', '.join(STAGES)})"
+
+
+def _check_stage(name: str) -> str:
+    from .stages import STAGES, available
+
+    have = available()
+    if name in have:
+        return name
+    for short, (mod, _) in STAGES.items():
+        if name in (mod, mod.rsplit(".", 1)[1]):
+            if short in have:
+                return short
+            name = short
+            break
+    if name in STAGES:
+        raise CliError(f"stage {name!r} is not built in this checkout; available stages: {', '.join(have) or 'none'}")
+    raise CliError(f"unknown stage {name!r}; available stages: {', '.join(have) or 'none'} "
+                   f"(known names: {', '.join(STAGES)}; or use --kernel tiny)")
+
+
+def _add_target(p: argparse.ArgumentParser) -> None:
+    g = p.add_mutually_exclusive_group(required=True)
+    g.add_argument("--stage", metavar="NAME", help=_stage_help())
+    g.add_argument("--kernel", choices=["tiny"],
+                   help="a tiny demo kernel instead of a stage: 'tiny' = tiny_kernels.scale_add (Out = 2X + Y)")
+
+
+def _add_shape(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("shape (defaults: the stage's small supported shape)")
+    g.add_argument("--batch", type=_pos_int, help="number of sequences")
+    g.add_argument("--context", type=_int_list, metavar="L[,L...]",
+                   help="context length for every sequence, or one per sequence (sets --batch)")
+    g.add_argument("--q-heads", type=_pos_int, help="query heads")
+    g.add_argument("--kv-heads", type=_pos_int, help="KV heads")
+    g.add_argument("--head-dim", type=_pos_int)
+    g.add_argument("--block-size", type=_pos_int, help="tokens per page")
+    g.add_argument("--query-length", type=_pos_int, help="query tokens per sequence (MTP)")
+    g.add_argument("--scales", choices=["per-tensor", "per-token"])
+    g.add_argument("--seed", type=int, default=0)
+
+
+def _shape(args, default):
+    """A DecodeShape from the shape options, unset ones taken from ``default``."""
+    from .perf.roofline import DecodeShape
+
+    ctx = args.context
+    batch = args.batch
+    if ctx is None:
+        context = default.context
+        if batch is not None and not isinstance(context, int):
+            context = max(context)
+        batch = batch or default.batch
+    elif len(ctx) == 1:
+        context, batch = ctx[0], batch or default.batch
+    else:
+        if batch is not None and batch != len(ctx):
+            raise CliError(f"--context gives {len(ctx)} lengths but --batch is {batch}")
+        context, batch = tuple(ctx), len(ctx)
+    q, kv = args.q_heads, args.kv_heads
+    if q is None and kv is not None:
+        q = kv * default.group
+    try:
+        return DecodeShape(
+            batch=batch, context=context, num_q_heads=q or default.num_q_heads,
+            num_kv_heads=kv or default.num_kv_heads, head_dim=args.head_dim or default.head_dim,
+            block_size=args.block_size or default.block_size, query_length=args.query_length or default.query_length,
+            scales=args.scales or default.scales,
+        )
+    except (ValueError, TypeError) as e:
+        raise CliError(f"bad shape: {e}") from None
+
+
+# ---------------------------------------------------------------------------------------------
+# isa
+
+
+def _isa_text(target: str, arch: str, args) -> str:
+    from .perf import adapters
+
+    if target == "tiny":
+        return adapters.get("tiny").compile_isa(arch)
+    ad = adapters.get(target)
+    shape = _shape(args, ad.default_shape())
+    return ad.compile_isa(ad.make_case(shape, arch, seed=args.seed), arch)
+
+
+def _stats(text: str):
+    from . import isa
+
+    return [isa.IsaStats.from_asm(text, n) for n in isa.kernel_names(text)]
+
+
+def cmd_isa(args) -> int:
+    from . import isa
+
+    target = "tiny" if args.kernel else _check_stage(args.stage)
+    a = _stats(_isa_text(target, args.arch, args))
+    if args.diff is None:
+        if args.json:
+            print(json.dumps([s.to_dict() for s in a], indent=1, default=str))
+        else:
+            print("\n\n".join(isa.summary(s) for s in a))
+        return EXIT_OK
+    if args.diff in ARCHS:
+        other_target, other_arch = target, args.diff
+        labels = (f"{target} {args.arch}", f"{target} {other_arch}")
+    else:
+        other_target = "tiny" if args.diff == "tiny" else _check_stage(args.diff)
+        other_arch = args.arch
+        labels = (f"{target} {args.arch}", f"{other_target} {other_arch}")
+    b = _stats(_isa_text(other_target, other_arch, args))
+    if args.json:
+        print(json.dumps([dict(a=x.to_dict(), b=y.to_dict(), rows=isa.diff_rows(x, y)) for x, y in zip(a, b)],
+                         indent=1, default=str))
+        return EXIT_OK
+    parts = [f"{x.kernel} vs {y.kernel}\n" + isa.diff(x, y, labels=labels) for x, y in zip(a, b)]
+    if len(a) != len(b):
+        parts.append(f"note: {labels[0]} has {len(a)} kernel(s), {labels[1]} has {len(b)}; compared the first {min(len(a), len(b))}")
+    print("\n\n".join(parts))
+    return EXIT_OK
+
+
+# ---------------------------------------------------------------------------------------------
+# check
+
+
+def cmd_check(args) -> int:
+    from . import backend
+    from .perf import adapters, checks
+
+    if args.backend:
+        backend.set_backend(args.backend)
+    name = backend.current_backend()  # BackendError if the GPU was asked for and is missing
+    arch = args.arch or backend.default_arch()
+    device = backend.device_for_tensors()
+    if args.kernel:
+        k = adapters.get("tiny")
+        x, y, out = k.tensors(device, seed=args.seed)
+        what, tol = "tiny (scale_add)", k.tolerance
+        run_it, expected = (lambda: k.run(x, y, out, arch)), (lambda: k.reference(x, y))
+    else:
+        ad = adapters.get(_check_stage(args.stage))
+        shape = _shape(args, ad.default_shape())
+        case = ad.make_case(shape, arch, seed=args.seed, device=device)
+        what, tol = f"stage {ad.name} ({shape.label})", ad.tolerance
+        run_it, expected = (lambda: ad.run(case, arch)), (lambda: checks.reference_output(case))
+    print(f"{what} on {name} {arch}")
+    try:
+        got = run_it()
+    except _not_kernel_failures():
+        raise  # refused arguments or a broken setup: a usage error, not a failed check
+    except Exception as e:  # noqa: BLE001 - the kernel itself failed (memory fault, ...): a FAIL
+        print(f"FAIL: the run raised {type(e).__name__}: {e}")
+        return EXIT_FAIL
+    res = checks.compare(got, expected(), _tol(args, tol))
+    print(res)
+    return EXIT_OK if res.ok else EXIT_FAIL
+
+
+def _tol(args, default):
+    from .perf.checks import Tolerance
+
+    return Tolerance(args.max_rel if args.max_rel is not None else default.max_rel,
+                     args.rms_rel if args.rms_rel is not None else default.rms_rel)
+
+
+# ---------------------------------------------------------------------------------------------
+# trace
+
+
+def cmd_trace(args) -> int:
+    from . import backend
+    from .emu import launch
+    from .perf import tracing
+
+    backend.set_backend("emu")  # the access trace exists only in the emulator
+    arch = args.arch or launch.current_arch()
+    if args.kernel:
+        target, run_it = "tiny", lambda: tracing.trace_tiny(arch)
+    else:
+        from .perf import adapters
+
+        ad = adapters.get(_check_stage(args.stage))
+        shape = _shape(args, ad.default_shape())
+        target, run_it = f"stage {ad.name}", lambda: tracing.trace_stage(ad.name, shape, arch, seed=args.seed)
+    try:
+        rep = run_it()
+    except _not_kernel_failures():
+        raise  # refused arguments or a broken setup: a usage error, not a failed check
+    except Exception as e:  # noqa: BLE001 - the kernel failed in the emulator (memory fault, ...)
+        print(f"{target} on emu {arch}\nFAIL: the run raised {type(e).__name__}: {e}")
+        return EXIT_FAIL
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rep.to_dict(), f, indent=1, default=str)
+    print(rep.format())
+    return EXIT_OK if rep.check is None or rep.check.ok else EXIT_FAIL
+
+
+# ---------------------------------------------------------------------------------------------
+# bench
+
+
+def cmd_bench(args) -> int:
+    from .perf import bench, roofline
+
+    if args.show:
+        print(bench.format_results(args.show))
+        return EXIT_OK
+    try:
+        bench.require_gpu()
+    except bench.GpuRequired as e:
+        print(f"pa_tile bench: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    stages = None
+    if args.stages is not None:
+        stages = [_check_stage(s) for s in args.stages.split(",") if s]
+    overrides = {}
+    if args.batch:
+        overrides["batches"] = tuple(args.batch)
+    if args.context:
+        overrides["contexts"] = tuple(args.context)
+    if args.head_dim:
+        overrides["head_dims"] = tuple(args.head_dim)
+    if args.q_heads or args.kv_heads:
+        overrides["heads"] = ((args.q_heads or 8 * (args.kv_heads or 8), args.kv_heads or 8),)
+    extra = dict(block_size=args.block_size, query_length=args.query_length, scales=args.scales)
+    shapes = bench.shape_set(args.shapes, **overrides, **extra)
+    settings = bench.Settings(warmup=args.warmup, iters=args.iters, graph=not args.no_graph, cold_cache=not args.hot)
+    peak = None
+    if args.peak_tbs:
+        from .perf.roofline import GpuSpec
+
+        base = roofline.GPUS["MI300X"]
+        peak = GpuSpec(f"given {args.peak_tbs} TB/s", "", args.peak_tbs * 1e12, base.compute_units,
+                       base.peak_clock_mhz, base.fp8_flops_per_clock_per_cu, "--peak-tbs")
+    results = bench.run(stages, shapes, baseline=not args.no_baseline, external=not args.no_external,
+                        settings=settings, seed=args.seed, out_path=args.out, peak=peak)
+    print(bench.format_results(results))
+    print(f"results written to {args.out}")
+    return EXIT_OK
+
+
+# ---------------------------------------------------------------------------------------------
+# roofline
+
+
+def cmd_roofline(args) -> int:
+    from .perf import roofline
+
+    gpus = [g for g in args.gpu.split(",") if g]
+    try:
+        specs = [roofline.gpu_spec(g) for g in gpus]
+        shapes = roofline.upstream_shapes(
+            batches=args.batch or roofline.BATCHES, contexts=args.context or roofline.CONTEXTS,
+            head_dims=args.head_dim or roofline.HEAD_DIMS,
+            heads=((args.q_heads, args.kv_heads),), block_size=args.block_size,
+            query_length=args.query_length, scales=args.scales)
+    except (ValueError, TypeError) as e:
+        raise CliError(str(e)) from None
+    rows = roofline.table(shapes, specs, whole_pages=args.whole_pages)
+    if args.json:
+        print(json.dumps(rows, indent=1))
+    else:
+        print(roofline.format_table(rows))
+        for s in specs:
+            print(f"{s.name}: {s.hbm_tb_s:g} TB/s HBM, {s.compute_units} CUs, {s.fp8_dense_flops / 1e12:.0f} TFLOP/s "
+                  f"dense fp8 (ridge {s.ridge_flops_per_byte:.0f} flop/B) [{s.source}]")
+    if args.plot:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        roofline.plot(shapes, specs, whole_pages=args.whole_pages).savefig(args.plot, dpi=120)
+        print(f"plot written to {args.plot}")
+    return EXIT_OK
+
+
+# ---------------------------------------------------------------------------------------------
+# parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m pa_tile",
+        description="pa_tile: fp8 paged-attention decode kernels for MI300 (gfx942) / MI355 (gfx950). "
+                    "Inspect compiled code, check kernels against the reference, trace memory accesses "
+                    "in the emulator, benchmark on a ROCm GPU, print roofline time floors.",
+        epilog="Examples:\n"
+               "  python -m pa_tile isa --kernel tiny --arch gfx942 --diff gfx950\n"
+               "  python -m pa_tile check --stage s2 --context 300,129\n"
+               "  python -m pa_tile trace --stage s2 --arch gfx950\n"
+               "  python -m pa_tile roofline --batch 1,64 --context 2048,16384\n"
+               "  python -m pa_tile bench --shapes quick --out bench.json   (ROCm GPU only)",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--traceback", action="store_true", help="show Python tracebacks for errors")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    s = sub.add_parser("isa", help="static facts of a kernel's compiled code (registers, LDS, occupancy, "
+                                   "instruction mix), or a diff of two",
+                       description="Compile a stage (or the tiny kernel) for an arch on this machine and print its "
+                                   "static facts; --diff compares with another arch or another stage.")
+    _add_target(s)
+    s.add_argument("--arch", choices=ARCHS, default="gfx942", help="target (default gfx942)")
+    s.add_argument("--diff", metavar="ARCH|STAGE",
+                   help="compare with the same kernel on another arch (gfx942/gfx950) or with another stage (or 'tiny')")
+    s.add_argument("--json", action="store_true", help="print JSON instead of text")
+    _add_shape(s)
+    s.set_defaults(func=cmd_isa)
+
+    s = sub.add_parser("check", help="run a kernel on the chosen backend and compare with the reference "
+                                     "(exit 1 on mismatch)",
+                       description="Run a stage (or the tiny kernel) on one case and compare with the float32 "
+                                   "reference. Exit 0 when within tolerance, 1 when not.")
+    _add_target(s)
+    s.add_argument("--backend", choices=["auto", "emu", "gpu"], help="where to run (default: PA_TILE_BACKEND or auto)")
+    s.add_argument("--arch", choices=ARCHS, help="target (default: the GPU's, or gfx942 in the emulator)")
+    s.add_argument("--max-rel", type=float, help="tolerance on max|out-ref| / max|ref| (default: the stage's)")
+    s.add_argument("--rms-rel", type=float, help="tolerance on ||out-ref|| / ||ref|| (default: the stage's)")
+    _add_shape(s)
+    s.set_defaults(func=cmd_check)
+
+    s = sub.add_parser("trace", help="memory-access report from the emulator: bytes and 64-byte segments per "
+                                     "load, LDS bank conflicts, instructions per tile",
+                       description="Run a kernel once in the CPU emulator with an access trace and report "
+                                   "coalescing, LDS bank conflicts and the dynamic instruction mix.")
+    _add_target(s)
+    s.add_argument("--arch", choices=ARCHS, help="target (default gfx942, or ARCH)")
+    s.add_argument("--json", metavar="PATH", help="also write the report as JSON")
+    _add_shape(s)
+    s.set_defaults(func=cmd_trace)
+
+    s = sub.add_parser("bench", help="time stages, the PyTorch baseline and installed kernels on a ROCm GPU "
+                                     "(refuses elsewhere, exit 2)",
+                       description="Check, then time (CUDA graph replay, GPU events, min of N) every stage, the "
+                                   "PyTorch baseline and installed paged-attention kernels; results to JSON. "
+                                   "Needs a ROCm GPU: elsewhere it says so and exits 2 (nothing is invented).")
+    s.add_argument("--show", metavar="JSON", help="print a results file from an earlier run and exit (any machine)")
+    s.add_argument("--stages", metavar="S1,S2", help="stages to time (default: all present)")
+    s.add_argument("--shapes", choices=["quick", "upstream"], default="quick",
+                   help="quick: 9 shapes at head_dim 128; upstream: the full roofline grid")
+    s.add_argument("--batch", type=_int_list, metavar="B,...", help="override the batches of the shape set")
+    s.add_argument("--context", type=_int_list, metavar="L,...", help="override the context lengths")
+    s.add_argument("--head-dim", type=_int_list, metavar="D,...", help="override the head dims")
+    s.add_argument("--q-heads", type=_pos_int)
+    s.add_argument("--kv-heads", type=_pos_int)
+    s.add_argument("--block-size", type=_pos_int, default=16)
+    s.add_argument("--query-length", type=_pos_int, default=1)
+    s.add_argument("--scales", choices=["per-tensor", "per-token"], default="per-tensor")
+    s.add_argument("--warmup", type=int, default=10)
+    s.add_argument("--iters", type=_pos_int, default=50, help="timed samples; the minimum is reported")
+    s.add_argument("--hot", action="store_true", help="keep caches warm (default: flush 512 MiB before each sample)")
+    s.add_argument("--no-graph", action="store_true", help="time eager launches instead of CUDA graph replays")
+    s.add_argument("--no-baseline", action="store_true", help="skip the PyTorch baseline")
+    s.add_argument("--no-external", action="store_true", help="skip aiter / vLLM kernels even if installed")
+    s.add_argument("--peak-tbs", type=float, help="HBM peak (TB/s) for %% of peak, instead of the data-sheet figure")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--out", default="pa_tile_bench.json", help="results file (default pa_tile_bench.json)")
+    s.set_defaults(func=cmd_bench)
+
+    s = sub.add_parser("roofline", help="bytes, flops and HBM time floor of decode calls on MI300X / MI355X",
+                       description="Bytes moved, flops, arithmetic intensity and time floor (bytes / HBM "
+                                   "bandwidth) of one decode call over a grid of shapes.")
+    s.add_argument("--gpu", default="MI300X,MI355X", help="comma-separated: MI300X, MI355X")
+    s.add_argument("--batch", type=_int_list, metavar="B,...", help="batches (default 1,4,16,64,128,256)")
+    s.add_argument("--context", type=_int_list, metavar="L,...", help="context lengths (default 129..16384)")
+    s.add_argument("--head-dim", type=_int_list, metavar="D,...", help="head dims (default 64,128)")
+    s.add_argument("--q-heads", type=_pos_int, default=64)
+    s.add_argument("--kv-heads", type=_pos_int, default=8)
+    s.add_argument("--block-size", type=_pos_int, default=16)
+    s.add_argument("--query-length", type=_pos_int, default=1, help="query tokens per sequence (MTP)")
+    s.add_argument("--scales", choices=["per-tensor", "per-token"], default="per-tensor")
+    s.add_argument("--whole-pages", action="store_true", help="count K/V of whole pages (the last page's tail too)")
+    s.add_argument("--json", action="store_true", help="print JSON rows instead of a table")
+    s.add_argument("--plot", metavar="PNG", help="also save a log-log plot of the floors")
+    s.set_defaults(func=cmd_roofline)
+    return p
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except BrokenPipeError:  # output piped into `head` and the like
+        sys.stderr.close()
+        return EXIT_OK
+    except _not_kernel_failures() as e:
+        if args.traceback:
+            raise
+        print(f"pa_tile {args.command}: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,173 @@
+"""Memory-access report of one kernel run in the emulator (``pa_tile.emu.memory.Trace``).
+
+Per vector-memory instruction (global_/buffer_): how often it ran, bytes it moved per
+execution (active lanes x access width), 64-byte segments it touched per execution against the
+fewest those bytes could fit in (coalescing efficiency = fewest / touched: 1 when every touched
+segment is fully used, below 1 when accesses straddle or skip segments, above 1 when lanes read
+overlapping addresses, e.g. a wave-uniform value loaded by every lane). Per LDS instruction: bank-conflict degree (1 =
+conflict free) and the extra cycles conflicts cost. Plus the dynamic instruction mix, and
+dynamic wave-instructions per 256-token tile: all instructions executed by all waves, divided
+by the number of (sequence, KV head, 256-token tile) triples the call covers.
+
+The trace needs the emulator backend (``PA_TILE_BACKEND=emu`` or ``pa_tile.set_backend``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Dict, List, Optional
+
+from ._table import format_rows
+from .roofline import DecodeShape
+
+__all__ = ["TILE_TOKENS", "TraceReport", "report_from_trace", "trace_stage", "trace_tiny"]
+
+#: Tokens per tile for the "instructions per tile" figure (the stages' workgroup tile).
+TILE_TOKENS = 256
+
+
+@dataclasses.dataclass
+class TraceReport:
+    kernel: str
+    arch: str
+    vmem: List[Dict]
+    lds: List[Dict]
+    scalar_loads: int
+    dynamic_instructions: int
+    families: Dict[str, int]
+    tiles: Optional[int] = None
+    shape: Optional[DecodeShape] = None
+    check: Optional[object] = None  # checks.CheckResult of the traced run
+
+    @property
+    def instructions_per_tile(self) -> Optional[float]:
+        return self.dynamic_instructions / self.tiles if self.tiles else None
+
+    def totals(self) -> Dict:
+        """Whole-run figures: load bytes and segments, overall efficiency, LDS conflict cycles."""
+        loads = [r for r in self.vmem if r["op"] == "load"]
+        stores = [r for r in self.vmem if r["op"] == "store"]
+
+        def agg(rows):
+            segs = sum(r["segments"] for r in rows)
+            return (sum(r["bytes"] for r in rows), segs,
+                    (sum(r["min_segments"] for r in rows) / segs) if segs else 1.0)
+
+        lb, ls, le = agg(loads)
+        sb, ss, se = agg(stores)
+        return dict(load_bytes=lb, load_segments=ls, load_efficiency=le, store_bytes=sb, store_segments=ss,
+                    store_efficiency=se, lds_accesses=sum(r["executions"] for r in self.lds),
+                    lds_max_degree=max((r["max_degree"] for r in self.lds), default=0),
+                    lds_conflict_cycles=sum(r["conflict_cycles"] for r in self.lds),
+                    dynamic_instructions=self.dynamic_instructions, tiles=self.tiles,
+                    instructions_per_tile=self.instructions_per_tile)
+
+    def to_dict(self) -> Dict:
+        return dict(kernel=self.kernel, arch=self.arch, shape=self.shape.to_dict() if self.shape else None,
+                    vmem=self.vmem, lds=self.lds, scalar_loads=self.scalar_loads,
+                    dynamic_instructions=self.dynamic_instructions, families=self.families, tiles=self.tiles,
+                    totals=self.totals(), check=self.check.to_dict() if self.check is not None else None)
+
+    def format(self) -> str:
+        head = f"memory-access trace: {self.kernel} on {self.arch}"
+        if self.shape is not None:
+            head += f" ({self.shape.label})"
+        out = [head, ""]
+        if self.check is not None:
+            out += [f"check vs reference: {self.check}", ""]
+        out.append("vector memory instructions (per execution = one wave instruction):")
+        out.append(format_rows(self.vmem, ["mnemonic", "line", "op", "executions", "bytes_per_exec", "segments_per_exec",
+                                           "min_segments_per_exec", "efficiency"],
+                               headers=dict(bytes_per_exec="bytes/exec", segments_per_exec="64B segs/exec",
+                                            min_segments_per_exec="min segs/exec")))
+        out += ["", "LDS instructions (conflict degree 1 = conflict free):"]
+        out.append(format_rows(self.lds, ["mnemonic", "line", "op", "executions", "bytes_per_exec", "max_degree",
+                                          "mean_degree", "conflict_cycles"],
+                               headers=dict(bytes_per_exec="bytes/exec")) if self.lds else "(none)")
+        t = self.totals()
+        out += ["", f"scalar memory loads executed: {self.scalar_loads}",
+                f"dynamic wave-instructions: {self.dynamic_instructions} ("
+                + ", ".join(f"{k} {v}" for k, v in self.families.items() if v) + ")",
+                f"global loads: {t['load_bytes']} B in {t['load_segments']} segments, "
+                f"efficiency {t['load_efficiency']:.2f}; LDS conflict cycles {t['lds_conflict_cycles']}"]
+        if self.tiles:
+            out.append(f"instructions per {TILE_TOKENS}-token tile: {self.instructions_per_tile:.1f} "
+                       f"({self.tiles} (sequence, KV head, tile) triples)")
+        return "\n".join(out)
+
+    __str__ = format
+
+
+def _op(mnemonic: str) -> str:
+    return "store" if "_store" in mnemonic or mnemonic.startswith("ds_write") else "load"
+
+
+def report_from_trace(trace, kernel: str, *, shape: Optional[DecodeShape] = None) -> TraceReport:
+    """Condense a ``Trace`` into per-instruction rows and totals."""
+    from ..isa import FAMILIES, instruction_family
+
+    vmem, lds, scalar = [], [], 0
+    for r in trace.summary():
+        n = r["executions"]
+        if r["space"] in ("global", "buffer"):
+            vmem.append(dict(mnemonic=r["mnemonic"], line=r["line"], space=r["space"], op=_op(r["mnemonic"]),
+                             executions=n, bytes=r["bytes"], segments=r["segments"], min_segments=r["min_segments"],
+                             bytes_per_exec=r["bytes"] / n, segments_per_exec=r["segments"] / n,
+                             min_segments_per_exec=r["min_segments"] / n, efficiency=r["efficiency"]))
+        elif r["space"] == "lds":
+            lds.append(dict(mnemonic=r["mnemonic"], line=r["line"], op=_op(r["mnemonic"]), executions=n,
+                            bytes=r["bytes"], bytes_per_exec=r["bytes"] / n, max_degree=r["max_degree"],
+                            mean_degree=r["mean_degree"], conflict_cycles=r["conflict_cycles"]))
+        else:
+            scalar += n
+    fam = {f: 0 for f in FAMILIES}
+    for m, c in trace.counts.items():
+        fam[instruction_family(m)] += c
+    tiles = None
+    if shape is not None:
+        tiles = shape.num_kv_heads * sum(-(-L // TILE_TOKENS) for L in shape.context_lengths)
+    return TraceReport(kernel, trace.arch, vmem, lds, scalar, sum(trace.counts.values()), fam, tiles, shape)
+
+
+def _require_emulator():
+    from .. import backend
+
+    if backend.current_backend() != "emu":
+        raise RuntimeError("the memory-access trace needs the emulator backend: set PA_TILE_BACKEND=emu "
+                           "(or pa_tile.set_backend('emu')) before the first kernel launch of the process")
+
+
+def trace_stage(stage: str, shape: Optional[DecodeShape] = None, arch: str = "gfx942", *, seed: int = 0) -> TraceReport:
+    """Run ``stage`` once in the emulator on a case of ``shape`` (default: the stage's small one),
+    recording every access; the report includes the run's check against the reference."""
+    from ..emu import launch
+    from ..emu.memory import Trace
+    from . import adapters, checks
+
+    _require_emulator()
+    ad = adapters.get(stage)
+    shape = shape or ad.default_shape()
+    case = ad.make_case(shape, arch, seed=seed)
+    trace = Trace(arch)
+    with launch.launch_options(trace=trace):
+        out = ad.run(case, arch)
+    rep = report_from_trace(trace, f"stage {ad.name}", shape=shape)
+    rep.check = checks.compare(out, checks.reference_output(case), ad.tolerance)
+    return rep
+
+
+def trace_tiny(arch: str = "gfx942") -> TraceReport:
+    """The same report for ``tiny_kernels.scale_add`` on a [16, 128] float32 tile."""
+    from ..emu import launch
+    from ..emu.memory import Trace
+    from . import adapters, checks
+
+    _require_emulator()
+    k = adapters.get("tiny")
+    x, y, out = k.tensors()
+    trace = Trace(arch)
+    with launch.launch_options(trace=trace):
+        k.run(x, y, out, arch)
+    rep = report_from_trace(trace, "tiny (scale_add)")
+    rep.check = checks.compare(out, k.reference(x, y), k.tolerance)
+    return rep
