@@ -57,18 +57,42 @@ def _emulator_installed() -> bool:
     return launch.is_installed()
 
 
+_HOOK_INSTALLED = (
+    "the emulator hook is already installed in this process (FlyDSL launches go to the emulator); "
+    "restart Python to use the GPU"
+)
+
+
+def _gpu_refusal(source: str) -> Optional[str]:
+    """Why ``gpu`` cannot be used here, or ``None``.
+
+    A missing GPU is named first whatever else holds, so the answer does not depend on what ran
+    earlier in the process (whether something already installed the emulator hook)."""
+    installed = _emulator_installed()
+    if not gpu_available():
+        msg = (
+            f"{source} asks for the GPU backend, but there is no usable ROCm GPU: it needs a ROCm build of "
+            "torch (torch.version.hip is set) that sees a GPU (torch.cuda.is_available()). Use 'emu' or 'auto' "
+            "to run in the CPU emulator."
+        )
+        return msg + (f" (Also, {_HOOK_INSTALLED}.)" if installed else "")
+    if installed:
+        return f"{source} asks for the GPU, but {_HOOK_INSTALLED}"
+    return None
+
+
 def set_backend(name: Optional[str]) -> None:
-    """Force ``"gpu"`` or ``"emu"`` (or ``"auto"``) for this process; ``None`` returns to env/auto."""
+    """Force ``"gpu"`` or ``"emu"`` (or ``"auto"``) for this process; ``None`` returns to env/auto.
+
+    ``"gpu"`` is accepted here without a GPU (the error comes from :func:`current_backend`),
+    except once the emulator hook is installed, when it raises at once: that cannot change."""
     global _override
     if name is None:
         _override = None
         return
     choice = _check_choice(name, "backend")
     if choice == "gpu" and _emulator_installed():
-        raise BackendError(
-            "the emulator hook is already installed in this process (FlyDSL launches go to the emulator); "
-            "restart Python to use the GPU"
-        )
+        raise BackendError(_gpu_refusal("set_backend()"))
     _override = choice
 
 
@@ -83,17 +107,9 @@ def current_backend() -> str:
         # Once the hook is in, launches go to the emulator whatever hardware appears.
         return "emu" if _emulator_installed() or not gpu_available() else "gpu"
     if choice == "gpu":
-        if not gpu_available():
-            raise BackendError(
-                f"{source} asks for the GPU backend, but there is no usable ROCm GPU: it needs a ROCm build of "
-                "torch (torch.version.hip is set) that sees a GPU (torch.cuda.is_available()). Use 'emu' or 'auto' "
-                "to run in the CPU emulator."
-            )
-        if _emulator_installed():
-            raise BackendError(
-                f"{source} asks for the GPU, but the emulator hook is already installed in this process; "
-                "restart Python to use the GPU"
-            )
+        refusal = _gpu_refusal(source)
+        if refusal:
+            raise BackendError(refusal)
     return choice
 
 

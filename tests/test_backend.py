@@ -111,3 +111,15 @@ def test_once_installed_auto_stays_on_the_emulator(fake_rocm_gpu, monkeypatch):
     monkeypatch.setenv(backend.ENV_VAR, "gpu")
     with pytest.raises(backend.BackendError, match="already installed"):
         backend.current_backend()
+
+
+def test_missing_gpu_is_named_first_whatever_ran_before(monkeypatch):
+    # The message must not depend on whether an earlier caller installed the emulator hook
+    # (the CLI's "--backend gpu" check failed only after other tests had installed it).
+    for installed in (False, True):
+        monkeypatch.setattr(backend, "_emulator_installed", lambda: installed)
+        backend.set_backend(None)
+        with pytest.raises(backend.BackendError, match="no usable ROCm GPU") as info:
+            backend.set_backend("gpu")
+            backend.current_backend()
+        assert ("already installed" in str(info.value)) == installed

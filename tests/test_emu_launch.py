@@ -8,6 +8,7 @@ import ctypes
 import os
 import struct
 import traceback
+import types
 
 import numpy as np
 import pytest
@@ -261,10 +262,15 @@ def test_switching_arch_between_calls_recompiles(monkeypatch):
 def test_launch_options_reach_the_handler():
     a, b, c = abc()
     with L.record_launches() as log:
-        with L.launch_options(trace="the-trace", progress=True):
+        with L.launch_options(trace="the-trace", progress=True, lds_races="warn", quantum=4):
             vadd(a, b, c)
         vadd(a, b, c)
-    assert [(x.trace, x.progress) for x in log] == [("the-trace", True), (None, False)]
+    assert [(x.trace, x.progress, x.lds_races, x.quantum) for x in log] == [
+        ("the-trace", True, "warn", 4), (None, False, "raise", None)]
+    for bad in (dict(lds_races="ignore"), dict(quantum=0), dict(quantum=1.5), dict(quantum=True)):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            with L.launch_options(**bad):
+                pass
 
 
 def test_scalar_argument_bytes(handler):
@@ -303,6 +309,97 @@ def test_the_sanitizer_names_the_argument_a_kernel_overruns(handler):
     x, y, out = torch.randn(16, 128), torch.randn(16, 128), torch.zeros(8, 128)  # out too short
     with pytest.raises(MemoryFault, match="'Out'"):
         scale_add(x, y, out, 2.0)
+
+
+def test_launch_options_reach_run_kernel(handler, monkeypatch, capsys):
+    from pa_tile.emu import machine
+    from pa_tile.emu.memory import Trace
+    from pa_tile.tiny_kernels import scale_add
+
+    handler(None)
+    seen = []
+    real = machine.run_kernel
+
+    def spy(*args, **kwargs):
+        seen.append({k: kwargs[k] for k in ("trace", "progress", "lds_races", "quantum")})
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(machine, "run_kernel", spy)
+    x, y, out = torch.randn(16, 128), torch.randn(16, 128), torch.zeros(16, 128)
+    trace = Trace("gfx942")
+    with L.launch_options(trace=trace, progress=True, lds_races="off", quantum=1):
+        scale_add(x, y, out, 2.0)
+    assert torch.equal(out, 2.0 * x + y)
+    assert seen == [dict(trace=trace, progress=True, lds_races="off", quantum=1)]
+    assert trace.counts["global_load_dwordx4"] == 2 * 8  # 4 workgroups x 2 waves x 2 loads
+    # the progress bar went to stderr and counted the 4 workgroups
+    err = capsys.readouterr().err
+    assert "[emu] scale_add_kernel_0" in err and "4/4" in err
+    scale_add(x, y, out, 2.0)
+    assert seen[-1] == dict(trace=None, progress=False, lds_races="raise", quantum=None)
+    assert "[emu]" not in capsys.readouterr().err
+
+
+def test_progress_bar_of_run_kernel_itself(capsys):
+    from pa_tile.emu import machine
+    from pa_tile.emu.asm import parse
+    from pa_tile.emu.memory import GlobalMemory
+
+    prog = parse(ENDPGM_ONLY)
+    machine.run_kernel(prog, "k", (5, 2), (64,), b"", GlobalMemory([]), progress=True)
+    err = capsys.readouterr().err
+    assert "[emu] k" in err and "10/10" in err and "wg" in err
+    machine.run_kernel(prog, "k", (5, 2), (64,), b"", GlobalMemory([]))
+    assert capsys.readouterr().err == ""
+
+
+ENDPGM_ONLY = """\
+\t.amdgcn_target "amdgcn-amd-amdhsa--gfx942"
+\t.text
+\t.globl k
+\t.p2align 8
+\t.type k,@function
+k:
+\ts_endpgm
+\t.amdhsa_kernel k
+\t\t.amdhsa_next_free_vgpr 1
+\t\t.amdhsa_next_free_sgpr 8
+\t.end_amdhsa_kernel
+"""
+
+
+@pytest.mark.parametrize("kind", ["torch", "numpy"])
+def test_from_dlpack_arguments_are_allowed_regions(handler, kind):
+    from pa_tile.tiny_kernels import scale_add
+
+    handler(None)
+    torch.manual_seed(1)
+    x, y = torch.randn(16, 128), torch.randn(16, 128)
+    out = torch.zeros(16, 160)[:, :128]  # a strided view: its region is the whole storage
+    if kind == "numpy":
+        x, y, out = x.numpy(), y.numpy(), np.zeros((16, 160), np.float32)[:, :128]
+    with L.record_launches() as log:
+        scale_add(*(flyc.from_dlpack(t) for t in (x, y, out)), 2.0)
+    expect = 2.0 * np.asarray(x) + np.asarray(y)
+    assert np.array_equal(np.asarray(out), expect)
+    regions = {r[2]: r[:2] for r in log[0].regions if not r[2].startswith("mgpu")}
+    if kind == "torch":
+        assert regions == {"X": (x.data_ptr(), 8192), "Y": (y.data_ptr(), 8192), "Out": (out.data_ptr(), 16 * 160 * 4)}
+    else:  # DLPack does not describe the allocation around a view: exactly the bytes it spans
+        assert regions == {"X": (x.ctypes.data, 8192), "Y": (y.ctypes.data, 8192),
+                           "Out": (out.ctypes.data, (15 * 160 + 128) * 4)}
+    # (tests/test_emu_sanitizer.py plants out-of-bounds accesses through from_dlpack views)
+
+
+def test_dlpack_region_of_negative_and_zero_strides():
+    adaptor = lambda shape, stride, ptr=0x1000, space=0: types.SimpleNamespace(  # noqa: E731
+        shape=shape, stride=stride, element_bits=32, data_ptr=ptr, address_space=space)
+    assert L._dlpack_region(adaptor((4, 3), (3, 1)), "a") == (0x1000, 48)
+    assert L._dlpack_region(adaptor((4,), (-1,)), "a") == (0x1000 - 12, 16)
+    assert L._dlpack_region(adaptor((4, 3), (0, 1)), "a") == (0x1000, 12)  # broadcast rows
+    assert L._dlpack_region(adaptor((0, 3), (3, 1)), "a") is None
+    with pytest.raises(ValueError, match="device memory"):
+        L._dlpack_region(adaptor((4,), (1,), space=1), "a")
 
 
 # ------------------------------------------------------------------ failures

@@ -413,3 +413,38 @@ def test_trace_stream_waves_and_pause():
     assert t.instruction_counts(2, 4) == [{"mnemonic": "v_mov_b32", "count": 1}]
     t.lds_access("ds_read_b32", 2, LANE * 256, ALL, 4, wave=0)
     assert t.lds_records[-1][7] == 64    # 64 banks, one phase: all lanes on bank 0
+
+
+def test_scalar_loads_are_reported_apart_from_vector_coalescing():
+    t = Trace("gfx942")
+    _run_fake_kernel(t)
+    vector_summary = t.summary()
+    # the core reports SMEM loads through global_access(kind="scalar"), address in lane 0 only
+    lane0 = np.zeros(64, bool)
+    lane0[0] = True
+    addrs = np.zeros(64, np.uint64)
+    addrs[0] = 0x1000
+    for _ in range(3):
+        t.count("s_load_dwordx4")
+        t.global_access("s_load_dwordx4", 5, addrs, lane0, 16, kind="scalar", wave=0)
+    t.count("s_load_dword")
+    t.scalar_access("s_load_dword", 6, 0x1010, 4)
+    assert len(t.scalar_records) == 4 and len(t.global_records) == 4  # vector records unchanged
+    assert all(a["space"] != "scalar" for a in t.accesses())
+    sc = t.scalar_accesses()
+    assert [(a["mnemonic"], a["address"], a["bytes"], a["wave"]) for a in sc] == (
+        [("s_load_dwordx4", 0x1000, 16, 0)] * 3 + [("s_load_dword", 0x1010, 4, None)])
+    rows = t.summary()
+    scalar_rows = [r for r in rows if r["space"] == "scalar"]
+    assert scalar_rows == [dict(mnemonic="s_load_dwordx4", line=5, space="scalar", executions=3, bytes=48),
+                           dict(mnemonic="s_load_dword", line=6, space="scalar", executions=1, bytes=4)]
+    # vector rows are exactly what they were before any scalar load
+    assert [r for r in rows if r["space"] != "scalar"] == vector_summary
+    assert "scalar" in format_table(rows)
+    # windows apply to scalar loads too; a paused trace records none
+    assert len(t.scalar_accesses(t.seq - 1, t.seq)) == 1
+    t.stop()
+    t.scalar_access("s_load_dword", 6, 0x1010, 4)
+    assert len(t.scalar_records) == 4
+    with pytest.raises(ValueError, match="kind"):
+        t.global_access("global_load_dword", 7, LANE * 4, ALL, 4, kind="flat")

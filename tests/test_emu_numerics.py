@@ -503,9 +503,90 @@ def test_mfma_rejections_and_aliases():
     assert nx.mfma_shapes("v_mfma_f32_32x32x8f16") == (32, 32, 8, 2, 2, 16)
     assert "gfx942" not in nx.mfma_archs("v_mfma_f32_32x32x16_f16")
     assert {"gfx942", "gfx950"} <= set(nx.mfma_archs("v_mfma_f32_16x16x32_bf8_fp8"))
-    assert set(nx.MFMA_MNEMONICS) == set(BOTH_ARCHS + GFX950_NEW)
+    assert set(nx.MFMA_MNEMONICS) == set(BOTH_ARCHS + GFX950_NEW + F32_FORMS)
     assert nx.mfma_shapes("v_mfma_f32_32x32x16_bf16") == (32, 32, 16, 4, 4, 16)
     assert nx.mfma_shapes("v_mfma_f32_32x32x16_fp8_fp8") == (32, 32, 16, 2, 2, 16)
+
+
+# ------------------------------------------------------------------------------------------
+# f32 MFMA (v_mfma_f32_16x16x4_f32 is what FlyDSL's MFMA(16, 16, 4, Float32) atom emits)
+
+F32_FORMS = ["v_mfma_f32_16x16x4_f32", "v_mfma_f32_32x32x2_f32"]
+
+# Entries printed by ROCm/amd_matrix_instruction_calculator (--architecture cdna3 --get-register):
+# (matrix, row, col) -> (register offset, lane)
+F32_CALCULATOR = {
+    "v_mfma_f32_16x16x4_f32": {("A", 5, 3): (0, 53), ("B", 2, 9): (0, 41), ("D", 13, 6): (1, 54)},
+    "v_mfma_f32_32x32x2_f32": {("A", 30, 1): (0, 62), ("B", 1, 4): (0, 36), ("D", 13, 7): (5, 39),
+                               ("D", 31, 31): (15, 63), ("D", 8, 0): (4, 0)},
+}
+
+
+@pytest.mark.parametrize("mnemonic", F32_FORMS)
+def test_f32_mfma_layout_matches_the_calculator(mnemonic):
+    lay = nx.mfma_lane_layout(mnemonic)
+    assert (lay["K_L"], lay["item_bits"], lay["a_regs"], lay["b_regs"]) == (1, 32, 1, 1)
+    where = {"A": lay["A_where"], "B": lay["B_where"], "D": lay["C_where"]}
+    for (m, r, c), (reg, lane) in F32_CALCULATOR[mnemonic].items():
+        assert tuple(where[m][r, c][:2]) == (reg, lane), (m, r, c)
+    # every (register, lane) of D holds exactly one element
+    cw = lay["C_where"].reshape(-1, 2)
+    assert len({tuple(x) for x in cw}) == lay["c_regs"] * 64
+    assert nx.mfma_archs(mnemonic) == nx.mfma_archs("v_mfma_f32_16x16x16_f16")
+
+
+@pytest.mark.parametrize("mnemonic", F32_FORMS)
+@pytest.mark.parametrize("arch", ["gfx942", "gfx950"])
+def test_f32_mfma_is_exact_on_integers_and_within_an_ulp_otherwise(mnemonic, arch):
+    rng = np.random.default_rng(zlib.crc32(mnemonic.encode()))
+    M, N, K = (int(v) for v in mnemonic.split("_")[3].split("x"))
+    # small integers: every product and sum is exact, so D must equal A @ B + C bit for bit
+    A = rng.integers(-64, 64, (M, K)).astype(np.float32)
+    B = rng.integers(-64, 64, (K, N)).astype(np.float32)
+    C = rng.integers(-1000, 1000, (M, N)).astype(np.float32)
+    pack = lambda w, v: nx.mfma_pack_operand(mnemonic, w, v)  # noqa: E731
+    d = nx.mfma(mnemonic, pack("A", A), pack("B", B), pack("C", C), arch)
+    np.testing.assert_array_equal(nx.mfma_unpack_result(mnemonic, d), A @ B + C)
+    # bits and values pack alike; aliases resolve
+    np.testing.assert_array_equal(pack("A", A), pack("A", A.view(np.uint32)))
+    alias = mnemonic.replace("_f32", "f32").replace("mfmaf32", "mfma_f32")
+    assert nx.mfma_shapes(alias) == nx.mfma_shapes(mnemonic)
+    # general values: within one f32 ulp of the float64 result
+    A, B, C = (rng.standard_normal(s).astype(np.float32) for s in ((M, K), (K, N), (M, N)))
+    D = nx.mfma_unpack_result(mnemonic, nx.mfma(mnemonic, pack("A", A), pack("B", B), pack("C", C), arch))
+    ref = A.astype(np.float64) @ B.astype(np.float64) + C
+    assert np.all(np.abs(D - ref) <= np.spacing(np.abs(ref.astype(np.float32))))
+    # a denormal input survives (MFMA keeps denormals, CDNA3 §7.3)
+    tiny = np.float32(2.0 ** -140)
+    A0 = np.zeros((M, K), np.float32); A0[0, 0] = tiny
+    B1 = np.zeros((K, N), np.float32); B1[0, 0] = 1.0
+    D = nx.mfma_unpack_result(mnemonic, nx.mfma(mnemonic, pack("A", A0), pack("B", B1), 0, arch))
+    assert D[0, 0] == tiny and np.count_nonzero(D) == 1
+
+
+# ------------------------------------------------------------------------------------------
+# fast paths: fma/max/min take a plain numpy route when it is provably the exact answer
+
+
+def test_fma_fast_path_agrees_with_the_exact_path():
+    rng = np.random.default_rng(7)
+    a, b, c = (rng.standard_normal(4096).astype(np.float32) * 3 for _ in range(3))
+    np.testing.assert_array_equal(nx.fma_f32(a, b, c).view(np.uint32), nx._fma_f32_exact(a, b, c).view(np.uint32))
+    # the double-rounding case must still be exact: a = b = 1 + 2^-12, c = 2^-80
+    x = np.float32(1 + 2.0 ** -12)
+    assert nx.fma_f32(x, x, np.float32(2.0 ** -80)) == np.float32(1 + 2.0 ** -11 + 2.0 ** -23)
+    # results are arrays of float32 whatever the input shapes
+    assert nx.fma_f32(np.float32(1), np.float32(2), np.float32(3)).dtype == np.float32
+
+
+def test_max_min_fast_path_zero_signs_and_nans():
+    pz, nz = np.float32(0.0), np.float32(-0.0)
+    a = np.array([pz, nz, 1.0, -2.0], np.float32)
+    b = np.array([nz, pz, 3.0, -5.0], np.float32)
+    assert list(nx.max_f32(a, b).view(np.uint32)) == [0, 0, 0x40400000, 0xC0000000]
+    assert list(nx.min_f32(a, b).view(np.uint32)) == [0x80000000, 0x80000000, 0x3F800000, 0xC0A00000]
+    qnan = np.array([0x7FC00001], np.uint32).view(np.float32)
+    assert nx.max_f32(qnan, np.float32(2.0))[0] == 2.0  # quiet NaN ignored (still the slow rules)
 
 
 # ------------------------------------------------------------------------------------------

@@ -17,8 +17,9 @@ in the running process, all before the first ``@flyc.jit`` call:
    ABI; it hands module loads and kernel launches to the ctypes callbacks in this module.
 3. The call entries ``JitFunction.__call__``, ``CompiledFunction.__call__`` and ``flyc.compile``
    are wrapped: during a call, every ``torch.Tensor`` argument (also inside tuples, lists and
-   dicts) is recorded as an allowed memory region ``(base, nbytes, name)`` for the emulator's
-   sanitizer (non-CPU tensors are refused), the target arch is pinned (below), and an exception
+   dicts, and inside FlyDSL's ``from_torch_tensor`` / ``from_dlpack`` wrappers) is recorded as
+   an allowed memory region ``(base, nbytes, name)`` for the emulator's sanitizer (non-CPU
+   tensors are refused), the target arch is pinned (below), and an exception
    raised inside a launch is re-raised from the call with its own traceback, since it cannot
    cross the C frames of FlyDSL's launcher. After a failed launch, the call's later launches are
    skipped and the call raises: nothing reports success for a kernel that did not run.
@@ -28,8 +29,9 @@ PyYAML): explicit arguments are copied from ``params[i]`` at ``.offset`` / ``.si
 arguments get the values HIP's runtime would write (:func:`hidden_arg_values`). The launch is then
 given to the launch handler: by default :func:`run_on_emulator`, which calls
 ``pa_tile.emu.machine.run_kernel``; :func:`set_launch_handler` replaces it (tests do the work in
-Python from the kernarg bytes). :func:`launch_options` passes a ``Trace`` / progress flag to the
-emulator, :func:`record_launches` collects the :class:`Launch` records (kernarg, regions, asm).
+Python from the kernarg bytes). :func:`launch_options` passes a ``Trace``, a progress flag, the
+LDS race policy and the scheduling quantum to the emulator; :func:`record_launches` collects
+the :class:`Launch` records (kernarg, regions, asm).
 
 Target arch
 -----------
@@ -385,6 +387,10 @@ def build_kernarg(
 def tensor_regions(values: Dict[str, Any]) -> List[Region]:
     """Storage regions of every torch.Tensor in *values* (name -> argument), nested containers included.
 
+    FlyDSL's ``from_torch_tensor`` / ``from_dlpack`` wrappers count as the tensor they wrap; a
+    DLPack object that is not a torch tensor (numpy, ...) contributes exactly the bytes its view
+    spans (:func:`_dlpack_region`).
+
     Regions are whole storages (a view may legitimately reach its base tensor's bytes), named
     after the argument path (``"qkv[1]"``); storages shared by several arguments appear once with
     the names joined by ``|``. Tensors on a device other than the CPU raise ``ValueError``: the
@@ -398,9 +404,20 @@ def tensor_regions(values: Dict[str, Any]) -> List[Region]:
         if depth > 8:
             return
         if not isinstance(value, torch.Tensor):
-            inner = getattr(value, "torch_tensor", None)  # FlyDSL's TorchTensorJitArg
+            # FlyDSL's wrappers: TorchTensorJitArg (from_torch_tensor) keeps .torch_tensor,
+            # DLTensorJitArg (from_dlpack) keeps the wrapped object as .dltensor.
+            inner = getattr(value, "torch_tensor", None)
+            if inner is None:
+                inner = getattr(value, "dltensor", None)
             if isinstance(inner, torch.Tensor):
                 value = inner
+            elif inner is not None and getattr(value, "dladaptor", None) is not None:
+                region = _dlpack_region(value.dladaptor, name)
+                if region is not None:
+                    names = found.setdefault(region, [])
+                    if name not in names:
+                        names.append(name)
+                return
         if isinstance(value, torch.Tensor):
             if value.device.type != "cpu":
                 raise ValueError(
@@ -423,6 +440,26 @@ def tensor_regions(values: Dict[str, Any]) -> List[Region]:
     for name, value in values.items():
         visit(value, name, 0)
     return [(base, nbytes, "|".join(names)) for (base, nbytes), names in found.items()]
+
+
+def _dlpack_region(adaptor: Any, name: str) -> Optional[Tuple[int, int]]:
+    """``(base, nbytes)`` a non-torch DLPack tensor (numpy, ...) spans, from FlyDSL's adaptor.
+
+    Only the bytes the view itself reaches are allowed: DLPack does not describe the
+    allocation around a view (torch tensors get their whole storage instead).
+    """
+    if int(getattr(adaptor, "address_space", 0)) != 0:
+        raise ValueError(
+            f"argument {name!r} is a DLPack tensor in device memory; the pa_tile emulator runs kernels on host "
+            "memory, so pass CPU arrays"
+        )
+    shape, stride = tuple(adaptor.shape), tuple(adaptor.stride)
+    itemsize = max(1, int(adaptor.element_bits) // 8)
+    if any(int(n) == 0 for n in shape) or not adaptor.data_ptr:
+        return None
+    lo = sum((n - 1) * st for n, st in zip(shape, stride) if st < 0)
+    hi = sum((n - 1) * st for n, st in zip(shape, stride) if st > 0)
+    return int(adaptor.data_ptr) + lo * itemsize, (hi - lo + 1) * itemsize
 
 
 def _named_arguments(func: Callable, args: tuple, kwargs: dict) -> Dict[str, Any]:
@@ -466,6 +503,8 @@ class Launch:
     regions: List[Region]
     trace: Any = None
     progress: bool = False
+    lds_races: str = "raise"
+    quantum: Optional[int] = None
 
     @property
     def asm(self) -> str:
@@ -489,6 +528,8 @@ def run_on_emulator(launch: Launch) -> None:
         arch=launch.arch,
         trace=launch.trace,
         progress=launch.progress,
+        lds_races=launch.lds_races,
+        quantum=launch.quantum,
     )
 
 
@@ -504,9 +545,12 @@ def set_launch_handler(fn: Optional[Callable[[Launch], None]]) -> Callable[[Laun
     return previous
 
 
+_DEFAULT_OPTIONS: Dict[str, Any] = dict(trace=None, progress=False, lds_races="raise", quantum=None)
+
+
 class _Local(threading.local):
     call: Optional["_CallContext"] = None
-    options: Tuple[Any, bool] = (None, False)
+    options: Dict[str, Any] = _DEFAULT_OPTIONS
     recorders: Tuple[list, ...] = ()
 
 
@@ -514,10 +558,22 @@ _local = _Local()
 
 
 @contextlib.contextmanager
-def launch_options(*, trace: Any = None, progress: bool = False) -> Iterator[None]:
-    """Launches in this block (this thread) pass ``trace`` and ``progress`` to the emulator."""
+def launch_options(
+    *, trace: Any = None, progress: bool = False, lds_races: str = "raise", quantum: Optional[int] = None
+) -> Iterator[None]:
+    """Launches in this block (this thread) pass these to ``machine.run_kernel``.
+
+    ``trace``: a ``memory.Trace`` told every instruction and access; ``progress``: a progress
+    bar over workgroups on stderr; ``lds_races`` (``"raise"``, ``"warn"``, ``"off"``) and
+    ``quantum`` (instructions a wave runs before the next takes a turn; ``None``: until its next
+    barrier): see ``run_kernel``. Checked here, so a typo fails before anything compiles.
+    """
+    if lds_races not in ("raise", "warn", "off"):
+        raise ValueError(f"lds_races must be 'raise', 'warn' or 'off', got {lds_races!r}")
+    if quantum is not None and (isinstance(quantum, bool) or not isinstance(quantum, int) or quantum < 1):
+        raise ValueError(f"quantum must be None or a positive int, got {quantum!r}")
     saved = _local.options
-    _local.options = (trace, bool(progress))
+    _local.options = dict(trace=trace, progress=bool(progress), lds_races=lds_races, quantum=quantum)
     try:
         yield
     finally:
@@ -652,7 +708,6 @@ def _make_launch(handle, name_p, dims, dynamic_lds, params, extra, nparams) -> L
     kernarg = build_kernarg(meta, explicit, grid, block, dynamic_lds)
     ctx = _local.call
     regions = list(ctx.regions if ctx else []) + _live_allocations()
-    trace, progress = _local.options
     return Launch(
         kernel=kernel,
         meta=meta,
@@ -664,8 +719,7 @@ def _make_launch(handle, name_p, dims, dynamic_lds, params, extra, nparams) -> L
         explicit_args=tuple(explicit),
         kernarg=kernarg,
         regions=regions,
-        trace=trace,
-        progress=progress,
+        **_local.options,
     )
 
 

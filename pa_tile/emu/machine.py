@@ -16,7 +16,6 @@ Every instruction of the kernel is decoded once (per program and arch) into a ha
 from __future__ import annotations
 
 import sys
-import time
 from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -295,6 +294,14 @@ def _make_lds(nbytes: int, arch: str):
     return LDS(nbytes, arch=arch)
 
 
+def _progress_bar(name: str, ngroups: int):
+    """A tqdm bar over workgroups on the current ``sys.stderr`` (looked up per launch, so
+    redirected or captured stderr gets it)."""
+    from tqdm import tqdm
+
+    return tqdm(total=ngroups, desc=f"[emu] {name}", unit="wg", file=sys.stderr, mininterval=0.5, leave=True)
+
+
 def run_kernel(
     program: Program,
     kernel_name: Optional[str],
@@ -324,6 +331,7 @@ def run_kernel(
     bytes between two barriers with at least one write (see ``ops_ds.LdsRaceChecker``): such
     code has no defined result on hardware, and this schedule would silently pick one order.
     ``'warn'`` reports each distinct race with ``warnings.warn`` and goes on.
+    ``progress=True`` shows a tqdm bar over the workgroups on stderr.
     """
     kernel = program.kernel(kernel_name)
     code = decode_kernel(program, kernel.name, arch)
@@ -361,32 +369,36 @@ def run_kernel(
         return f"line {ins.line} ({ins.text})"
 
     waves = [Wave(arch) for _ in range(nwaves)]
-    t0 = time.time()
     ngroups = grid3[0] * grid3[1] * grid3[2]
-    with np.errstate(all="ignore"):
-        for g in range(ngroups):
-            wg = (g % grid3[0], (g // grid3[0]) % grid3[1], g // (grid3[0] * grid3[1]))
-            lds = _make_lds(lds_bytes, arch)
-            races = None if lds_races == "off" or nwaves == 1 else LdsRaceChecker(lds_bytes, lds_races, describe)
-            for wi, w in enumerate(waves):
-                w.v.fill(0)
-                w.s.fill(0)
-                w.scc = 0
-                w.pc = kernel.entry
-                w.lds = lds
-                w.races = races
-                w.mem = memory
-                w.trace = trace
-                w.wg_id = wg
-                w.wave_id = wi
-                w.uid = g * nwaves + wi
-                w.done = False
-                n_live = min(LANES, threads - wi * LANES)
-                w.v[0] = packed_ids[wi]
-                w.exec = (1 << n_live) - 1
-                _init_wave_sgprs(w, kernel, ka_addr, wg)
-            _run_workgroup(waves, code, mnemonics, races, quantum, describe)
-            if races is not None and races.races:
-                _warn_races(races.races)
-            if progress and (g + 1) % max(1, ngroups // 20) == 0:
-                print(f"[emu] {kernel.name}: {g + 1}/{ngroups} workgroups, {time.time() - t0:.1f}s", file=sys.stderr)
+    bar = _progress_bar(kernel.name, ngroups) if progress else None
+    try:
+        with np.errstate(all="ignore"):
+            for g in range(ngroups):
+                wg = (g % grid3[0], (g // grid3[0]) % grid3[1], g // (grid3[0] * grid3[1]))
+                lds = _make_lds(lds_bytes, arch)
+                races = None if lds_races == "off" or nwaves == 1 else LdsRaceChecker(lds_bytes, lds_races, describe)
+                for wi, w in enumerate(waves):
+                    w.v.fill(0)
+                    w.s.fill(0)
+                    w.scc = 0
+                    w.pc = kernel.entry
+                    w.lds = lds
+                    w.races = races
+                    w.mem = memory
+                    w.trace = trace
+                    w.wg_id = wg
+                    w.wave_id = wi
+                    w.uid = g * nwaves + wi
+                    w.done = False
+                    n_live = min(LANES, threads - wi * LANES)
+                    w.v[0] = packed_ids[wi]
+                    w.exec = (1 << n_live) - 1
+                    _init_wave_sgprs(w, kernel, ka_addr, wg)
+                _run_workgroup(waves, code, mnemonics, races, quantum, describe)
+                if races is not None and races.races:
+                    _warn_races(races.races)
+                if bar is not None:
+                    bar.update(1)
+    finally:
+        if bar is not None:
+            bar.close()

@@ -657,7 +657,11 @@ class Trace:
     """Dynamic instruction counts and per-access memory statistics.
 
     The core calls :meth:`count` once per executed instruction, then :meth:`global_access` /
-    :meth:`lds_access` for the memory instructions (ds_read2/write2: once per address). Every record
+    :meth:`lds_access` for the memory instructions (ds_read2/write2: once per address).
+    Scalar memory loads (``s_load_*``, ``s_buffer_load_*``; ``global_access(kind="scalar")`` or
+    :meth:`scalar_access`) are one address per wave, not a per-lane access pattern: they are kept
+    apart (:meth:`scalar_accesses`, rows with ``space="scalar"`` and no coalescing figures in
+    :meth:`summary`) so they never dilute the global/buffer coalescing statistics. Every record
     carries ``seq``, the number of instructions counted so far, so any window of the dynamic stream
     can be summarised: place :meth:`mark` calls (e.g. from a breakpoint on a label, or by the
     notebook between launches) and ask for ``summary(*trace.window("tile", i))``.
@@ -679,6 +683,7 @@ class Trace:
         self.marks: list[tuple[str, int, dict]] = []
         self.global_records: list[tuple] = []
         self.lds_records: list[tuple] = []
+        self.scalar_records: list[tuple] = []
 
     def _on(self, wave) -> bool:
         return self.recording and (self.waves is None or wave is None or wave in self.waves)
@@ -707,13 +712,28 @@ class Trace:
 
     def global_access(self, mnemonic: str, line, addrs, mask, nbytes: int, *, kind: str = "global",
                       write: bool = False, wave=None) -> None:
-        """One global_/buffer_ access: ``mask`` = lanes that really touch memory."""
+        """One global_/buffer_ access: ``mask`` = lanes that really touch memory.
+
+        ``kind="scalar"`` (the core's SMEM loads: the address in lane 0) goes to
+        :meth:`scalar_access` instead."""
+        if kind == "scalar":
+            a = np.asarray(addrs).reshape(-1)
+            lanes = np.flatnonzero(_as_mask(mask, a.size)) if a.size > 1 else np.zeros(1, np.int64)
+            self.scalar_access(mnemonic, line, int(a[lanes[0]]) if lanes.size else int(a[0]), nbytes, wave=wave)
+            return
+        if kind not in ("global", "buffer"):
+            raise ValueError(f"kind must be 'global', 'buffer' or 'scalar', got {kind!r}")
         if not self._on(wave):
             return
         mask = _as_mask(mask)
         lanes = int(mask.sum())
         segs = coalescing_segments(addrs, mask, nbytes) if lanes else 0
         self.global_records.append((self.seq, wave, mnemonic, line, kind, write, lanes, nbytes, segs))
+
+    def scalar_access(self, mnemonic: str, line, addr: int, nbytes: int, *, wave=None) -> None:
+        """One scalar memory load: ``nbytes`` from one address for the whole wave."""
+        if self._on(wave):
+            self.scalar_records.append((self.seq, wave, mnemonic, line, int(addr), int(nbytes)))
 
     def lds_access(self, mnemonic: str, line, addrs, mask, nbytes: int, *, write: bool = False,
                    wave=None) -> None:
@@ -766,7 +786,8 @@ class Trace:
         return {m: c - lo.get(m, 0) for m, c in hi.items()}
 
     def accesses(self, start: int | None = None, stop: int | None = None) -> list[dict]:
-        """Every recorded memory access as a dict, in execution order."""
+        """Every recorded vector memory access (global, buffer, LDS) as a dict, in execution
+        order. Scalar loads are in :meth:`scalar_accesses`."""
         rows = []
         for seq, wave, m, line, kind, write, lanes, nb, segs in self.global_records:
             if self._inside(seq, start, stop):
@@ -781,15 +802,22 @@ class Trace:
         rows.sort(key=lambda r: r["seq"])
         return rows
 
+    def scalar_accesses(self, start: int | None = None, stop: int | None = None) -> list[dict]:
+        """Every recorded scalar memory load as a dict (``space="scalar"``), in execution order."""
+        return [dict(seq=seq, wave=wave, mnemonic=m, line=line, space="scalar", write=False, address=addr,
+                     bytes=nb)
+                for seq, wave, m, line, addr, nb in self.scalar_records if self._inside(seq, start, stop)]
+
     def summary(self, start: int | None = None, stop: int | None = None) -> list[dict]:
         """Per-instruction aggregates keyed by ``(mnemonic, line)``, sorted by line.
 
         Global/buffer rows: executions, active lanes (mean), bytes, segments, min_segments and
         ``efficiency = min_segments / segments``. LDS rows: executions, bytes, max/mean conflict
-        degree and total conflict cycles.
+        degree and total conflict cycles. Scalar rows (``space="scalar"``): executions and bytes
+        only, since one scalar load is not a coalescing event.
         """
         agg: dict = {}
-        for r in self.accesses(start, stop):
+        for r in self.accesses(start, stop) + self.scalar_accesses(start, stop):
             key = (r["space"], r["mnemonic"], r["line"])
             a = agg.get(key)
             if a is None:
@@ -797,12 +825,14 @@ class Trace:
                                     executions=0, lanes=0, bytes=0)
                 if r["space"] == "lds":
                     a.update(max_degree=0, degree_sum=0, conflict_cycles=0)
-                else:
+                elif r["space"] != "scalar":
                     a.update(segments=0, min_segments=0)
             a["executions"] += 1
-            a["lanes"] += r["lanes"]
+            a["lanes"] += r.get("lanes", 0)
             a["bytes"] += r["bytes"]
-            if r["space"] == "lds":
+            if r["space"] == "scalar":
+                pass
+            elif r["space"] == "lds":
                 a["max_degree"] = max(a["max_degree"], r["conflict_degree"])
                 a["degree_sum"] += r["conflict_degree"]
                 a["conflict_cycles"] += r["conflict_cycles"]
@@ -812,7 +842,11 @@ class Trace:
         out = []
         for a in agg.values():
             n = a["executions"]
-            a["mean_lanes"] = a.pop("lanes") / n
+            lanes = a.pop("lanes")
+            if a["space"] == "scalar":
+                out.append(a)
+                continue
+            a["mean_lanes"] = lanes / n
             if a["space"] == "lds":
                 a["mean_degree"] = a.pop("degree_sum") / n
             else:

@@ -393,13 +393,13 @@ class _Mfma:
     M: int
     N: int
     K: int
-    a_type: str       # 'f16' | 'bf16' | 'fp8' | 'bf8'
+    a_type: str       # 'f32' | 'f16' | 'bf16' | 'fp8' | 'bf8'
     b_type: str
     archs: Tuple[str, ...]
 
     @property
     def bits(self) -> int:
-        return 16 if self.a_type in ("f16", "bf16") else 8
+        return {"f32": 32, "f16": 16, "bf16": 16}.get(self.a_type, 8)
 
     @property
     def k_per_lane(self) -> int:       # K_L of §7.1.4.1 (one block)
@@ -427,6 +427,10 @@ def _reg(name, M, N, K, ta, tb, archs, aliases=()):
 
 # Mnemonics as LLVM prints them for gfx942/gfx950 (checked by compiling FlyDSL MFMA atoms);
 # the pre-gfx940 spellings are accepted as aliases. Shapes: CDNA3 §7.1.2 Table 28, CDNA4 §7.1.2.
+# The f32 forms hold one f32 per lane in A and B (K_L = 1); their layouts follow the same §7.1.4
+# formulas and were checked entry by entry against amd_matrix_instruction_calculator (CDNA3).
+_reg("v_mfma_f32_16x16x4_f32", 16, 16, 4, "f32", "f32", _BOTH, ("v_mfma_f32_16x16x4f32",))
+_reg("v_mfma_f32_32x32x2_f32", 32, 32, 2, "f32", "f32", _BOTH, ("v_mfma_f32_32x32x2f32",))
 _reg("v_mfma_f32_16x16x16_f16", 16, 16, 16, "f16", "f16", _BOTH, ("v_mfma_f32_16x16x16f16",))
 _reg("v_mfma_f32_16x16x16_bf16", 16, 16, 16, "bf16", "bf16", _BOTH, ("v_mfma_f32_16x16x16bf16_1k",))
 _reg("v_mfma_f32_32x32x8_f16", 32, 32, 8, "f16", "f16", _BOTH, ("v_mfma_f32_32x32x8f16",))
@@ -541,6 +545,8 @@ def _items(regs: np.ndarray, bits: int) -> np.ndarray:
 
 
 def _values(items: np.ndarray, typ: str, fmt: str) -> np.ndarray:
+    if typ == "f32":
+        return _to64(items)
     if typ == "f16":
         with np.errstate(invalid="ignore"):
             return items.astype(np.uint16).view(np.float16).astype(np.float64)
@@ -571,12 +577,13 @@ def mfma(mnemonic: str, a, b, c, arch: str = "gfx942", *, fp16_ovfl: bool = Fals
     fp8/bf8 operands are decoded in the arch's format (FNUZ on gfx942, OCP on gfx950).
 
     Arithmetic model: every product is exact in float64 (f16/bf16/fp8 significands are at most
-    11 bits), the K products are summed in float64, C is added with round-to-odd and the result
+    11 bits, f32 ones 24), the K products are summed in float64, C is added with round-to-odd and the result
     is rounded once to f32 with RNE (CDNA3 §7.1.2: MFMA "ignores Round Mode from MODE and forces
     it to RNE"; §7.3: input, C and result denormals are kept regardless of MODE). With e4m3 on
     both sides the float64 dot product is exact (products lie in [2^-20, 2^18), a 32-term sum
     needs < 45 bits), so D is exactly RNE(C + A.B); with e5m2/f16/bf16 only the float64 dot
-    product can round (relative 2^-53). The hardware's internal accumulation order and
+    product can round (relative 2^-53; likewise for the f32 forms, whose 48-bit products
+    can make a 4-term float64 sum inexact). The hardware's internal accumulation order and
     width are not documented (the matrix core chains 4x1 x 1x4 outer products, CDNA3 §7), so
     silicon may differ from this model by a few f32 ulps on sums with heavy cancellation.
     ``fp16_ovfl`` is MODE.FP16_OVFL: finite results beyond f32 range become +-FLT_MAX instead
@@ -615,8 +622,9 @@ def mfma(mnemonic: str, a, b, c, arch: str = "gfx942", *, fp16_ovfl: bool = Fals
 def mfma_pack_operand(mnemonic: str, which: str, values) -> np.ndarray:
     """Place a matrix into the registers an MFMA reads (the inverse of the layout).
 
-    ``which='A'``: (M, K) element codes (uint8 for fp8/bf8, uint16 bits for f16/bf16);
-    ``'B'``: (K, N) codes; ``'C'``: (M, N) float32 values. Returns uint32 (regs, 64).
+    ``which='A'``: (M, K) element codes (uint8 for fp8/bf8, uint16 bits for f16/bf16; for the
+    f32 forms float32 values or their uint32 bits); ``'B'``: (K, N) codes; ``'C'``: (M, N)
+    float32 values. Returns uint32 (regs, 64).
     """
     s = _lookup(mnemonic)
     L = _layout(s.name)
@@ -634,6 +642,8 @@ def mfma_pack_operand(mnemonic: str, which: str, values) -> np.ndarray:
     shape = (s.M, s.K) if which == "A" else (s.K, s.N)
     if v.shape != shape:
         raise ValueError(f"{which} must be {shape}, got {v.shape}")
+    if s.bits == 32 and v.dtype.kind == "f":
+        v = f32_bits(v)
     items = v[L["a_i"], L["a_k"]] if which == "A" else v[L["b_k"], L["b_j"]]   # (64, K_L)
     items = items.astype(np.uint32) & np.uint32((1 << s.bits) - 1)
     per = 32 // s.bits
@@ -762,16 +772,34 @@ def round_f32(x64) -> np.ndarray:
         return np.asarray(x64, dtype=np.float64).astype(np.float32)
 
 
+_F32_MIN_NORMAL = 2.0 ** -126
+
+
 def fma_f32(a, b, c) -> np.ndarray:
     """Correctly rounded f32 fused multiply-add (V_FMA_F32 / V_FMAC_F32, RNE, denormals kept).
 
     a*b is exact in float64 (24+24 significant bits), but fl64(a*b + c) rounded again to f32 is
     NOT always the fma: the first rounding can land exactly on an f32 halfway point (double
-    rounding; e.g. a = b = 1 + 2^-12, c = 2^-80). So the float64 sum is computed in
-    round-to-odd: TwoSum recovers its exact error, and an inexact result with an even last bit
-    is moved one float64 ulp toward the error. Rounding a round-to-odd value with >= 2 extra
-    bits to the narrower format is correctly rounded, so the final cast is exact fma.
+    rounding; e.g. a = b = 1 + 2^-12, c = 2^-80). That can only happen when the float64 sum
+    sits on such a midpoint (its low 29 significand bits are 0x10000000) or the result is not an
+    f32 normal number; only then (and for NaN/inf) is the exact path taken (the VALU's hot path
+    stays one numpy multiply-add). The exact path computes the float64 sum in round-to-odd:
+    TwoSum recovers its exact error, and an inexact result with an even last bit is moved one
+    float64 ulp toward the error. Rounding a round-to-odd value with >= 2 extra bits to the
+    narrower format is correctly rounded, so the final cast is exact fma.
     """
+    a, b, c = (np.asarray(x, dtype=np.float32) for x in (a, b, c))
+    with np.errstate(invalid="ignore", over="ignore"):
+        s = np.asarray(a.astype(np.float64) * b + c.astype(np.float64))
+    bits = np.atleast_1d(s).view(np.int64)
+    mag = np.abs(s)
+    if (((bits & 0x1FFFFFFF) == 0x10000000).any() or not np.isfinite(s).all()
+            or ((mag < _F32_MIN_NORMAL) & (mag != 0)).any() or (mag > float(F32_MAX)).any()):
+        return _fma_f32_exact(a, b, c)
+    return s.astype(np.float32)
+
+
+def _fma_f32_exact(a, b, c) -> np.ndarray:
     ab, bb, cb = np.broadcast_arrays(f32_bits(a), f32_bits(b), f32_bits(c))
     a, b, c = _to64(ab), _to64(bb), _to64(cb)
     with np.errstate(invalid="ignore", over="ignore"):
@@ -808,17 +836,33 @@ def _minmax(a, b, ieee: bool, want_max: bool):
     return bits_f32(res)
 
 
+def _minmax_no_nan(a, b, want_max: bool):
+    r = np.maximum(a, b) if want_max else np.minimum(a, b)
+    zeros = (a == 0) & (b == 0)
+    if zeros.any():  # the sign of a zero result is not numpy's choice
+        ab, bb = np.broadcast_arrays(f32_bits(a), f32_bits(b))
+        r = np.where(zeros, bits_f32((ab & bb) if want_max else (ab | bb)), r)
+    return r
+
+
 def max_f32(a, b, ieee: bool = True) -> np.ndarray:
     """V_MAX_F32 (CDNA3/CDNA4 §12.7 opcode 11 pseudo-code). With MODE.IEEE (FlyDSL kernels set
     ``.amdhsa_ieee_mode 1``) a *signalling* NaN operand returns that NaN quieted (S0 checked
     first); otherwise a quiet NaN operand is ignored and the other operand returned (two quiet
-    NaNs -> S1). max(+0, -0) = +0 either order. Ties/compare: ``S0 >= S1 ? S0 : S1``."""
-    return _minmax(a, b, ieee, True)
+    NaNs -> S1). max(+0, -0) = +0 either order. Ties/compare: ``S0 >= S1 ? S0 : S1``.
+    Without NaN operands (the VALU's hot path) this is numpy's maximum plus the zero-sign rule."""
+    a, b = np.asarray(a, dtype=np.float32), np.asarray(b, dtype=np.float32)
+    if np.isnan(a).any() or np.isnan(b).any():
+        return _minmax(a, b, ieee, True)
+    return _minmax_no_nan(a, b, True)
 
 
 def min_f32(a, b, ieee: bool = True) -> np.ndarray:
     """V_MIN_F32 (§12.7 opcode 10): mirror of :func:`max_f32`; min(+0, -0) = -0."""
-    return _minmax(a, b, ieee, False)
+    a, b = np.asarray(a, dtype=np.float32), np.asarray(b, dtype=np.float32)
+    if np.isnan(a).any() or np.isnan(b).any():
+        return _minmax(a, b, ieee, False)
+    return _minmax_no_nan(a, b, False)
 
 
 def max3_f32(a, b, c, ieee: bool = True) -> np.ndarray:

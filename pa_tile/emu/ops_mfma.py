@@ -19,7 +19,7 @@ def _mfma(ctx):
         _, _, _, na, nb, nc = nx.mfma_shapes(ctx.base)
     except NotImplementedError as e:
         raise ctx.fail(str(e)) from None
-    if ctx.arch not in _archs(ctx.base):
+    if ctx.arch not in nx.mfma_archs(ctx.base):
         raise ctx.fail(f"not available on {ctx.arch}")
     ctx.need(4)
     d, a, b, c = ctx.ops
@@ -47,10 +47,6 @@ def _mfma(ctx):
     def h(w):
         w.v[rd:rd + nc] = nx.mfma(name, w.v[ra:ra + na], w.v[rb:rb + nb], getc(w), arch, fp16_ovfl=ovfl)
     return h
-
-
-def _archs(name):
-    return nx._lookup(name).archs
 
 
 for _m in nx.MFMA_MNEMONICS:

@@ -235,45 +235,9 @@ def _sh(b):
     return b & U32(31)
 
 
-# ---- fast paths for the hottest float ops
-# numerics has the exact corner-case rules; these check cheaply whether a plain numpy
-# evaluation already equals them and fall back to numerics otherwise.
-
-_F32_MIN_NORMAL = 2.0 ** -126
-
-
-def _fma(a, b, c):
-    """Correctly rounded f32 fma. a*b is exact in float64 and s = RN64(a*b + c); s rounds to
-    the right f32 unless it sits exactly on an f32 rounding midpoint (low 29 mantissa bits =
-    0x10000000), where float64 may have rounded onto it. Midpoints, NaN/inf and f32-denormal
-    results go to ``numerics.fma_f32``."""
-    s = np.asarray(a, np.float64) * b + np.asarray(c, np.float64)
-    bits = np.atleast_1d(s).view(np.int64)
-    mag = np.abs(s)
-    if (((bits & 0x1FFFFFFF) == 0x10000000).any() or not np.isfinite(s).all()
-            or ((mag < _F32_MIN_NORMAL) & (mag != 0)).any() or (mag > 3.4028234663852886e38).any()):
-        return nx.fma_f32(a, b, c)
-    return s.astype(np.float32)
-
-
-def _minmax(want_max):
-    pick = np.maximum if want_max else np.minimum
-    slow = nx.max_f32 if want_max else nx.min_f32
-
-    def f(a, b):
-        if np.isnan(a).any() or np.isnan(b).any():
-            return slow(a, b)
-        r = pick(a, b)
-        zeros = (a == 0) & (b == 0)
-        if zeros.any():  # max(+0, -0) = +0, min(+0, -0) = -0 (CDNA3 §12.7)
-            ab, bb = np.broadcast_arrays(a.view(U32), b.view(U32))
-            z = (ab & bb) if want_max else (ab | bb)
-            r = np.where(zeros, z.view(np.float32), r)
-        return r
-    return f
-
-
-_max, _min = _minmax(True), _minmax(False)
+# The hottest float ops: numerics keeps both the exact corner-case rules and a cheap check
+# for when a plain numpy evaluation already equals them.
+_fma, _max, _min = nx.fma_f32, nx.max_f32, nx.min_f32
 
 
 # ---- VOP1/VOP2 float
