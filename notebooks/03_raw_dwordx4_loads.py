@@ -146,7 +146,7 @@ for raw in (False, True):
 # %% tags=["export"]
 """Stage 3: stage 2's kernel with a software-pipelined loop.
 
-The next tile's K (16 ``buffer_load_dwordx4`` per lane) and its block-table entries are loop-carried
+The next tile's K (8 ``buffer_load_dwordx4`` per lane) and its block-table entries are loop-carried
 values, loaded one iteration ahead; V is issued at the top of the iteration it is used in, so
 Q·Kᵀ and the softmax hide its latency. K and V go straight from 128-bit loads into the raw MFMA
 operands, the query is read in 128-bit chunks, exp2/rcp are the hardware's ``v_exp_f32``/``v_rcp_f32``.
@@ -407,9 +407,9 @@ def paged_decode(query, key_cache, value_cache, block_tables, context_lengths, k
 # ## What the prefetch costs, and what it buys
 #
 # Compile both loops (block 16, group 8) and read the register count, the waves per SIMD it
-# allows, and, in the loop body, how many of the iteration's vector-memory loads are still
-# in flight when the first MFMA issues (the `vmcnt` of the last `s_waitcnt` before it:
-# the hardware lets that many loads remain outstanding).
+# allows, and, from the `s_waitcnt vmcnt(n)` the compiler placed in the loop body, how many
+# of the loads an iteration issues its 16 Q·Kᵀ MFMAs have to wait for (`vmcnt(n)` lets the
+# newest `n` loads stay in flight; loads complete in order).
 
 # %%
 from pa_tile.stages import s2_register_softmax as s2  # noqa: E402
@@ -422,13 +422,21 @@ def loop_body(asm, st):
             if ln.strip() and not ln.strip().startswith((";", ".")) and not ln.rstrip().endswith(":")]
 
 
-def first_mfma_wait(body):
-    """(vector loads issued before the first MFMA, vmcnt it waits down to)."""
+def qk_waits(body):
+    """(vector loads one iteration issues, how many of them the 16 Q·Kᵀ MFMAs wait for)."""
+    start = next(i for i, ln in enumerate(body) if ln.startswith("buffer_load_dwordx4"))
+    body = body[start:] + body[:start]  # the compiler rotates loops; begin where the loads begin
     first = next(i for i, ln in enumerate(body) if ln.startswith("v_mfma"))
-    loads = sum(ln.startswith("buffer_load") for ln in body[:first])
-    waits = [re.search(r"vmcnt\((\d+)\)", ln) for ln in body[:first] if ln.startswith("s_waitcnt")]
-    waits = [int(w.group(1)) for w in waits if w]
-    return loads, (waits[-1] if waits else None)
+    issued = sum(ln.startswith("buffer_load") for ln in body[:first])
+    allowed, mfmas = issued, 0
+    for ln in body[first:]:
+        m = re.search(r"vmcnt\((\d+)\)", ln) if ln.startswith("s_waitcnt") else None
+        if m:
+            allowed = min(allowed, int(m.group(1)))
+        mfmas += ln.startswith("v_mfma")
+        if mfmas == 16:
+            break
+    return issued, issued - allowed
 
 
 rows = []
@@ -439,24 +447,24 @@ for arch in ("gfx942", "gfx950"):
         asm = asms[label, arch] = compiled(mod, arch, **kw)
         st = isa.IsaStats.from_asm(asm)
         occ = isa.occupancy(st, arch)
-        loads, vmcnt = first_mfma_wait(loop_body(asm, st))
+        issued, waited = qk_waits(loop_body(asm, st))
         rows.append(dict(arch=arch, loop=label, vgpr=st.vgpr_unified, agpr=st.agpr, spills=st.vgpr_spill,
                          lds=st.lds_bytes, waves_per_simd=occ.waves_per_simd, loop_instr=st.main_loop_instructions,
-                         loads_before_mfma=loads, in_flight_at_mfma=vmcnt))
+                         loads_per_iter=issued, qk_waits_for=waited))
 print(format_table(rows))
 
 # %% [markdown]
 # Reading the table:
 #
-# * **Registers.** The carried K is 32 more VGPRs per lane (16 `dwordx4`): 126 → 158 on
+# * **Registers.** The carried K is 32 more VGPRs per lane (8 `dwordx4`): 126 → 158 on
 #   gfx942. The unified file holds 512 registers per lane per SIMD in granules of 8, so 128
 #   fits 4 waves and 158 fits 3. That is the wave chapter 2 kept by not prefetching.
-# * **Latency.** Without prefetch the first MFMA must wait until the K loads are back, with
-#   only the V loads still outstanding (`in_flight_at_mfma` = the 8 V loads + page ids):
-#   one memory latency per tile, per wave, hidden only if the other 3 waves of the SIMD happen
-#   to be computing. With prefetch the first MFMA runs on the carried K while all 24 loads
-#   of the iteration (V, next K, page ids) are in flight: the wave waits only for V, issued
-#   one Q·Kᵀ + softmax earlier, and the next K has a whole iteration to arrive.
+# * **Latency.** An iteration issues 18 loads (8 `dwordx4` of K, 8 of V, 2 page ids). Without
+#   prefetch Q·Kᵀ waits for the 8 K loads it just issued: one memory latency per tile, per
+#   wave, hidden only if the other 3 waves of the SIMD happen to be computing. With prefetch
+#   it waits for none: it runs on the carried K while V, the next K and the page ids are in
+#   flight. The first wait is in the softmax, for V, issued one Q·Kᵀ earlier; the next K is
+#   waited for at the top of the next iteration, a whole tile of work after it was issued.
 #
 # **Choice: prefetch on** (the default). Decode attention streams K and V once; what limits
 # it is how many bytes a CU keeps in flight (bandwidth = bytes in flight / latency). Per
@@ -587,7 +595,7 @@ print(format_table(rows))
 # %% [markdown]
 # Stage 1 moves K and V with `dwordx2` (512 bytes per wave instruction) and the block table
 # with one `dword` per element; stages 2 and 3 move every K, V and query byte with `dwordx4`
-# (1 KB per wave instruction: the widest a VMEM load has). Stage 3 executes 16 more `dwordx4`
+# (1 KB per wave instruction: the widest a VMEM load has). Stage 3 executes 8 more `dwordx4`
 # per wave than stage 2 on this one-tile case: the prefetch of a tile that does not exist,
 # clamped to the last page (see above); on a long context that is 1 extra K tile per wave.
 #

@@ -57,6 +57,11 @@ _LAYOUTS = {
     "s1": ("k_plain", "v_plain"),  # "K cache [nb, kvh, block_size, 128]; V cache [nb, kvh, 128, block_size]"
     "s2": ("k_plain", "v_plain"),  # "K cache [nb, kvh, block_size, 128] and V cache [nb, kvh, 128, block_size]"
     "s3": ("k_plain", "v_plain"),  # "K [num_blocks, kv_heads, block_size, 128]; V [num_blocks, kv_heads, 128, block_size]"
+    # "K blocked [num_blocks, kv_heads, head_dim//16, block_size, 16] and V trans-blocked
+    # [num_blocks, kv_heads, block_size//16, head_dim, 16]" (its default v_layout)
+    "s4": ("k_blocked", "v_trans_blocked"),
+    # "blocked K [nb, kvh, head_dim//16, block, 16], trans-blocked V [nb, kvh, block//16, head_dim, 16]"
+    "s5": ("k_blocked", "v_trans_blocked"),
 }
 
 
