@@ -13,7 +13,14 @@ import importlib as _importlib
 _SUBMODULES = ("toolchain", "isa", "reference", "cache", "emu", "backend", "stages", "perf", "tiny_kernels")
 
 
+#: the finished kernel's API, re-exported lazily from the last chapter's module
+_API = {name: "pa_tile.stages.s6_split_k" for name in ("paged_decode", "make_workspace", "workspace_size",
+                                                         "choose_num_partitions")}
+
+
 def __getattr__(name):
+    if name in _API:
+        return getattr(_importlib.import_module(_API[name]), name)
     if name in _SUBMODULES:
         return _importlib.import_module(f"{__name__}.{name}")
     raise AttributeError(f"module 'pa_tile' has no attribute {name!r}")

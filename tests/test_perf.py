@@ -374,7 +374,8 @@ def test_harness_logic_with_the_timer_stubbed(monkeypatch):
                         lambda stages, baseline, external: [bench.StageImpl(n) for n in stages]
                         + [bench.BaselineImpl(), WrongBaseline()])
     ok_shape = DecodeShape(batch=2, context=(300, 129), num_q_heads=8, num_kv_heads=1, head_dim=128)
-    bad_shape = DecodeShape(batch=1, context=64, num_q_heads=8, num_kv_heads=1, head_dim=64)
+    # head_dim 96: no stage supports it (s4-s6 do take 64), the baseline does
+    bad_shape = DecodeShape(batch=1, context=64, num_q_heads=8, num_kv_heads=1, head_dim=96)
     stages = adapters.stage_names()
     data = bench.run(stages, [ok_shape, bad_shape], peak=roofline.GPUS["MI300X"], progress=None)
     recs = {(r["impl"], r["shape"]["head_dim"]): r for r in data["results"]}
@@ -386,12 +387,12 @@ def test_harness_logic_with_the_timer_stubbed(monkeypatch):
         assert r["bandwidth_tb_s"] == pytest.approx(r["bytes"] / 20e-6 / 1e12)
         assert r["pct_hbm_peak"] == pytest.approx(100 * r["bytes"] / 20e-6 / 5.3e12)
     for name in stages:
-        r = recs[name, 64]
+        r = recs[name, 96]
         assert r["status"] == "unsupported" and "query" in r["reason"] and r["time_us"] is None
-    assert recs["torch", 64]["status"] == "ok"
+    assert recs["torch", 96]["status"] == "ok"
     wrong = recs["wrong", 128]
     assert wrong["status"] == "check_failed" and wrong["time_us"] is None and not wrong["check"]["ok"]
-    assert len(timed) == len(stages) + 2  # stages and torch at head_dim 128, torch at 64; never "wrong"
+    assert len(timed) == len(stages) + 2  # stages and torch at head_dim 128, torch at 96; never "wrong"
     json.dumps(data)
 
 

@@ -62,6 +62,8 @@ _LAYOUTS = {
     "s4": ("k_blocked", "v_trans_blocked"),
     # "blocked K [nb, kvh, head_dim//16, block, 16], trans-blocked V [nb, kvh, block//16, head_dim, 16]"
     "s5": ("k_blocked", "v_trans_blocked"),
+    # "key_cache blocked [...]; value_cache trans-blocked [...] or plain [...]" (paged_decode's docstring)
+    "s6": ("k_blocked", "v_trans_blocked"),
 }
 
 

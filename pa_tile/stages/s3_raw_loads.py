@@ -27,7 +27,7 @@ from flydsl.expr import arith, const_expr, gpu, range_constexpr
 
 from pa_tile.stages import s2_register_softmax as _s2
 from pa_tile.stages.s2_register_softmax import (  # unchanged from stage 2
-    BLOCK_SIZES, FP8_MAX, GROUP_SIZES, HEAD_DIM, LOG2E, MASKED, SPAN, TILE, WAVE, WAVES,
+    BLOCK_SIZES, FP8_MAX, GROUP_SIZES, HEAD_DIM, MASKED, SPAN, TILE, WAVE, WAVES,
     _buffer_load, _buffer_store, _i64, _imin, _mask_tail, _merge_waves, _mfma, _query_operands, _rsrc,
     _scalar_load, _softmax_step, _pv_step, _uniform, numerics_model,
 )

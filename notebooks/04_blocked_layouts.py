@@ -1,0 +1,927 @@
+# ---
+# jupyter:
+#   jupytext:
+#     cell_metadata_filter: tags,-all
+#     formats: ipynb,py:percent
+#     notebook_metadata_filter: -all
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+# ---
+
+# %% [markdown]
+# # 04 · Blocked cache layouts, a conflict-free merge, and the full scope
+#
+# Chapter 3's kernel reads a plain K cache `[blocks, kv_heads, block, head_dim]` and a plain V
+# cache `[blocks, kv_heads, head_dim, block]`. The production layouts are **blocked**:
+#
+# ```
+#   K blocked        [num_blocks, kv_heads, head_dim//16, block_size, 16]   K[b,h,t,d] at [b, h, d//16, t, d%16]
+#   V trans-blocked  [num_blocks, kv_heads, block_size//16, head_dim, 16]   V[b,h,t,d] at [b, h, t//16, d, t%16]
+# ```
+#
+# Both put, for every token (K) or every channel (V), **16 bytes that one lane loads next to
+# the 16 bytes its neighbour lane loads**. This chapter measures what that does to the
+# memory transactions of this kernel, derives the addressing, removes the one LDS bank
+# conflict left in the kernel, and widens the scope to what the finished kernel serves:
+# block 16/64, head_dim 64/128, f16 and bf16 queries (output in the query's dtype), per-tensor
+# and per-token scales, a strided query (a slice of a fused QKV tensor), and the plain V
+# layout as an alternative input (`v_layout="plain"`).
+
+# %%
+import math
+
+import numpy as np
+import torch
+
+from pa_tile import backend, cache, isa, toolchain
+from pa_tile.emu import launch as emu_launch
+from pa_tile.emu.memory import SEGMENT, Trace, coalescing_segments, format_table
+
+
+# %% [markdown]
+# ## Segments per wave-level load, measured
+#
+# A wave's 64 lanes × 16 bytes = 1 KB per `dwordx4`; the memory system moves 64-byte
+# segments, so the minimum is 16 segments per instruction. Which segments an instruction
+# touches depends on the layout **and** on which token/channel each lane loads (the lane
+# mapping). The emulator's trace counts them; a small `Trace` subclass also keeps each
+# access's addresses so that K, V and the query can be told apart.
+
+# %% tags=["nbval-ignore-output"]
+print("backend:", backend.ensure_backend())  # "gpu" on a ROCm machine, else "emu"
+
+# %%
+class AddressTrace(Trace):
+    """The emulator's Trace, also keeping the active lanes' addresses of every global access."""
+
+    def __init__(self, arch):
+        super().__init__(arch)
+        self.addresses = []
+
+    def global_access(self, mnemonic, line, addrs, mask, nbytes, **kw):
+        super().global_access(mnemonic, line, addrs, mask, nbytes, **kw)
+        self.addresses.append((mnemonic, nbytes, np.asarray(addrs, dtype=np.int64)[np.asarray(mask, bool)]))
+
+
+def per_tensor_loads(trace, tensors):
+    """Per named tensor: load instructions, their widths, bytes and 64-byte segments per instruction.
+
+    Loads in which some lanes repeat an address (the clamped prefetch past the context, padding
+    query heads re-reading a real one) are counted apart: their minimum is not 1 KB's."""
+    rows = []
+    for name, t in tensors.items():
+        lo = t.data_ptr()
+        hi = lo + t.numel() * t.element_size()
+        hits = [(m, nb, a) for m, nb, a in trace.addresses if a.size and lo <= a[0] < hi]
+        dense = [(m, nb, a) for m, nb, a in hits if np.unique(a).size == a.size]
+        segs = [coalescing_segments(a.astype(np.uint64), np.ones(a.size, bool), nb) for _, nb, a in dense]
+        nbytes = [a.size * nb for _, nb, a in dense]
+        k = max(len(dense), 1)
+        rows.append(dict(tensor=name, loads=len(hits), with_repeats=len(hits) - len(dense),
+                         widths=" ".join(sorted({m.split("_")[-1] for m, _, _ in hits})),
+                         bytes_per_load=sum(nbytes) // k, segments_per_load=round(sum(segs) / k, 2),
+                         minimum=round(sum(-(-b // SEGMENT) for b in nbytes) / k, 2)))
+    return rows
+
+
+# %% [markdown]
+# The natural lane mapping puts one token on each lane: lane `l` loads 16 bytes (one d-chunk)
+# of token `l`. In the plain K layout consecutive tokens are a whole row (`head_dim` bytes)
+# apart, so every lane's 16 bytes sit in a different 64-byte segment; in K blocked they are
+# adjacent. Same for V with channels on the lanes. The addresses of one such wave-level load,
+# counted with the trace's own segment function:
+
+# %%
+def naive_segments(layout, head_dim=128, block_size=64):
+    lanes = np.arange(64)
+    idx = {  # lane l -> (token, first channel) of its 16 bytes, offset in a (page, kv head) slab
+        "k_plain": lanes * head_dim,  # K row l, channels 0..15
+        "k_blocked": lanes * 16,  # [d//16 = 0][t = l][16]
+        "v_plain": lanes * block_size,  # V row (channel) l, tokens 0..15
+        "v_trans_blocked": lanes * 16,  # [t//16 = 0][d = l][16]
+    }[layout]
+    return coalescing_segments(idx.astype(np.uint64), np.ones(64, bool), 16)
+
+
+print(format_table([dict(layout=k, segments=naive_segments(k), minimum=16)
+                    for k in ("k_plain", "k_blocked", "v_plain", "v_trans_blocked")]))
+
+# %% [markdown]
+# 64 segments for 1 KB (4× the minimum: every segment carries 16 useful bytes of 64) with the
+# plain layouts, 16 with the blocked ones. That is the mechanism behind the upstream kernel's
+# 37% at batch 128, context 16384. Now this kernel: chapter 2 chose a different lane mapping.
+# Trace one tile (256 tokens, block 16, group 8, gfx942) of chapter 3's kernel on the plain
+# layouts and of this chapter's on the blocked ones:
+
+# %%
+from pa_tile.stages import s3_raw_loads as s3  # noqa: E402
+from pa_tile.stages import s4_blocked_layouts as s4  # noqa: E402
+
+one = cache.make_case(1, 8, 1, 128, 16, 256, fp8_format="fnuz", pad_block_id=-1)
+
+
+def trace_one_tile(module, k, v, **kw):
+    trace = AddressTrace("gfx942")
+    with emu_launch.launch_options(trace=trace):
+        module.paged_decode(one.query, k, v, one.block_tables, one.context_lengths, one.k_scale, one.v_scale,
+                            arch="gfx942", **kw)
+    return trace, per_tensor_loads(trace, dict(K=k, V=v))
+
+
+k_blk, v_tb, v_pl = one.k_blocked(), one.v_trans_blocked(), one.v_plain()
+trace3, rows3 = trace_one_tile(s3, one.k_cache, v_pl)
+trace4, rows4 = trace_one_tile(s4, k_blk, v_tb)
+print(format_table([dict(stage="3 plain", **r) for r in rows3] + [dict(stage="4 blocked", **r) for r in rows4]))
+
+# %% [markdown]
+# Both are at the minimum: 16 segments per 1 KB load (loads where lanes repeat an address,
+# counted in `with_repeats`, are left out). Chapter 2's mapping already avoided the
+# plain layouts' penalty: for K, the four lanes `(c, g = 0..3)` of a row load its channels
+# `16g .. 16g+15` (+64 for the second half), so each 64-byte run of a K row is read by four
+# neighbouring lanes; for V (plain, `[.., head_dim, block]`) lane `(c, g)` reads 16 tokens of
+# channel `c`, and for block 16 the 16 channels of a d-chunk are 16 × 16 = 256 contiguous
+# bytes. The blocked layouts do not lower the count further, because it cannot go lower; what
+# they change is that the minimum no longer depends on a clever mapping (and on head_dim or
+# block size lining up with 64 bytes): any mapping that puts neighbouring tokens (K) or
+# channels (V) on neighbouring lanes is dense. With the mapping fixed by the MFMA and P·V
+# register layouts (chapter 2), that is what makes the blocked layouts the safe production
+# choice; the measured saving in this kernel is zero, and the notebook does not pretend
+# otherwise.
+#
+# ## Addressing
+#
+# Within the slab of one (page, kv head), `PAGE = block_size · head_dim` bytes:
+#
+# * **K blocked**: element `(t, d)` at `((d // 16) · block + t) · 16 + d % 16`. Lane `(c, g)`
+#   needs, for token chunk `a` and half `h`, token `slot(c) + 4a` at channels `16(g + 4h) ..`:
+#   byte `(g · block + slot(c)) · 16` (per lane, fixed for the loop) `+ 64a` (immediate)
+#   `+ h · 64 · block` (scalar offset: 4096 for block 64 does not fit the 12-bit immediate).
+#   `slot(c)` = `c % 4` (block 16: page `c // 4` of the wave's span) or
+#   `16(c // 4) + c % 4` (block 64).
+# * **V trans-blocked**: element `(t, d)` at `((t // 16) · head_dim + d) · 16 + t % 16`.
+#   Lane `(c, g)` needs channel `16j + c`, tokens `16g .. 16g+15`: byte
+#   `(tg · head_dim + c) · 16 + 256 j` with `tg = 0` (block 16: page `g`) or `g` (block 64).
+#   The d-chunk offset `256 j` is wave-uniform: a scalar offset.
+# * **per-token scales** `[blocks, kv_heads, block]` float32: the 16 scales of tokens
+#   `16g .. 16g+15` are 64 contiguous bytes, 4 `dwordx4` for K and 4 for V, in V's page.
+#
+# ## Per-token scales, head_dim 64, bf16, strided query
+#
+# * **K per token** multiplies each raw score before the max (`x = S · k_scale[t] · c`), so
+#   it cannot be folded into one factor as the per-tensor scale is.
+# * **V per token** weights each probability: `O = Σ p_t v_scale[t] V_t / Σ p_t`. The kernel
+#   multiplies P by `w_t = v_scale[t] / max(v_scale)` ≤ 1 *after* the sum and *before* the
+#   fp8 rounding (P stays within the fp8 range), and multiplies the result by `max(v_scale)`.
+#   The max is one torch reduction on the device at launch (no host synchronization).
+# * **head_dim 64**: one 64-channel half per K row and query (2 k-steps instead of 4), 4
+#   d-chunks of O, so each wave stores one d-chunk after the merge instead of two.
+# * **bf16**: the query is read as raw dwords and bitcast to bf16 before widening; the
+#   output is rounded to the query's dtype.
+# * **strided query**: the kernel takes the query's sequence and head strides (in elements)
+#   as arguments, so a slice of a fused QKV tensor is read in place; only the last dimension
+#   must be contiguous (16-byte loads of a row).
+
+# %% [markdown]
+# ## The kernel
+#
+# Stage 3's kernel with the blocked addressing and the widened scope. Helpers that changed
+# (any number of d-chunks, head_dim halves, bf16, per-token P weights) are redefined here;
+# the rest is imported from chapter 2's module.
+
+
+# %% tags=["export"]
+"""Stage 4: blocked K/V cache layouts, a conflict-free merge, and the widened scope.
+
+Stage 3's pipelined kernel reading K blocked ``[num_blocks, kv_heads, head_dim//16, block_size, 16]``
+and V trans-blocked ``[num_blocks, kv_heads, block_size//16, head_dim, 16]`` (or V plain
+``[num_blocks, kv_heads, head_dim, block_size]`` with ``v_layout="plain"``). Scope: block_size 16/64,
+head_dim 64/128, f16 or bf16 query (output in the query's dtype; the query may be strided, e.g. a
+slice of a fused QKV tensor, as long as its last dim is contiguous), 8 or 16 query heads per KV
+head, fp8 e4m3 K/V of the arch's flavour, per-tensor ``[1]`` or per-token
+``[num_blocks, kv_heads, block_size]`` float32 scales.
+"""
+
+import functools
+import math
+
+import torch
+
+import flydsl.compiler as flyc
+import flydsl.expr as fx
+from flydsl.compiler.kernel_function import CompilationContext
+from flydsl.expr import arith, const_expr, gpu, range_constexpr
+
+from pa_tile.stages.s2_register_softmax import (  # unchanged from stage 2
+    FP8_MAX, FP8_TORCH, GROUP_SIZES, LOG2E, MASKED, SPAN, TILE, WAVE, WAVES,
+    _buffer_load, _buffer_store, _exp2, _fmax, _i64, _imax, _imin, _lds_load, _lds_store, _mfma,
+    _pack_fp8, _rcp, _rsrc, _scalar_load, _select, _splat4, _tree_sum, _uniform, _xor_lanes,
+    _need_tensor, _resolve_arch,
+)
+
+__all__ = ["paged_decode", "build_launcher", "launch_args", "numerics_model", "HEAD_DIMS", "BLOCK_SIZES",
+           "GROUP_SIZES", "V_LAYOUTS", "QUERY_DTYPES"]
+
+HEAD_DIMS = (64, 128)
+BLOCK_SIZES = (16, 64)
+V_LAYOUTS = ("trans_blocked", "plain")
+QUERY_DTYPES = {torch.float16: "f16", torch.bfloat16: "bf16"}
+STATS_STRIDE = 5  # words per head row of the merge's (max, sum) table: 4 waves + 1 pad (see the notebook)
+
+
+# %% tags=["export"]
+def _to_f32(words, qdt):
+    """4 dwords of f16/bf16 bits -> 8 float32."""
+    return words.bitcast(fx.BFloat16 if qdt == "bf16" else fx.Float16).to(fx.Float32)
+
+
+def _query_operands(q_rs, row_byte, valid, fp8_max, grp, halves, qdt):
+    """Stage 2's query quantization for ``halves`` = head_dim // 64 channel halves and either 16-bit dtype.
+
+    ``ops[2h + k]``: channels ``16(grp + 4h) + 8k .. +8`` of the row at byte ``row_byte``, as fp8 codes.
+    """
+    vals = []
+    for h in range_constexpr(halves):
+        for k in range_constexpr(2):
+            vals.append(_to_f32(_buffer_load(q_rs, row_byte + 32 * (grp + 4 * h), 4, offset=16 * k), qdt))
+    amax = fx.Float32(1e-20)
+    for v in vals:
+        for i in range_constexpr(8):
+            amax = _fmax(amax, fx.Float32(fx.absf(v[i])))
+    amax = _fmax(amax, _xor_lanes(amax, 16))
+    amax = _fmax(amax, _xor_lanes(amax, 32))
+    inv = fx.Float32(_select(valid, _rcp(amax) * fp8_max, fx.Float32(0.0)))
+    ops = []
+    for v in vals:
+        s = v * inv
+        ops.append(_i64(_pack_fp8(s[0], s[1], s[2], s[3]), _pack_fp8(s[4], s[5], s[6], s[7])))
+    return ops, amax * (1.0 / fp8_max)
+
+
+def _mask_tail(s, v_words, n_valid):
+    """Stage 2's tail mask for any number of V words (4 per d-chunk)."""
+    ninf = fx.Float32(float("-inf"))
+    s = fx.Vector.from_elements(
+        [fx.Float32(_select(n_valid > i, fx.Float32(s[i]), ninf)) for i in range_constexpr(16)], dtype=fx.Float32
+    )
+    masks = []
+    for k in range_constexpr(4):
+        keep = _imax(_imin(n_valid - 4 * k, 4), 0)
+        partial = (fx.Int32(1) << (keep * 8 % 32)) - 1
+        masks.append(fx.Int32(_select(keep > 3, fx.Int32(-1), partial)))
+    n = v_words.numel
+    return s, fx.Vector.from_elements([fx.Int32(v_words[i]) & masks[i % 4] for i in range_constexpr(n)], dtype=fx.Int32)
+
+
+def _softmax_step(s, m_old, l_old, c_qk, log2_fp8_max, p_weight=None):
+    """Stage 2's online-softmax step; ``p_weight`` (16 per-token factors in [0, 1]) scales P
+    after the sum and before the fp8 rounding: per-token V scales."""
+    s_max = fx.Float32(s[0])
+    for i in range_constexpr(1, 16):
+        s_max = _fmax(s_max, fx.Float32(s[i]))
+    m_tile = s_max * c_qk
+    m_tile = _fmax(m_tile, _xor_lanes(m_tile, 16))
+    m_tile = _fmax(m_tile, _xor_lanes(m_tile, 32))
+    m_new = _fmax(m_old, m_tile)
+    corr = _exp2(m_old - m_new)
+    shift = m_new - log2_fp8_max
+    p = [_exp2(fx.Float32(s[i]) * c_qk - shift) for i in range_constexpr(16)]
+    l_new = l_old * corr + _tree_sum(p)
+    if const_expr(p_weight is not None):
+        p = [p[i] * fx.Float32(p_weight[i]) for i in range_constexpr(16)]
+    words = [_pack_fp8(p[4 * a], p[4 * a + 1], p[4 * a + 2], p[4 * a + 3]) for a in range_constexpr(4)]
+    return [_i64(words[0], words[1]), _i64(words[2], words[3])], corr, m_new, l_new
+
+
+def _pv_step(o, v_words, p_ops, corr):
+    corr4 = _splat4(corr)
+    out = []
+    for j in range_constexpr(len(o)):
+        w = [fx.Int32(v_words[4 * j + k]) for k in range_constexpr(4)]
+        acc = o[j] * corr4
+        acc = _mfma(_i64(w[0], w[1]), p_ops[0], acc)
+        acc = _mfma(_i64(w[2], w[3]), p_ops[1], acc)
+        out.append(acc)
+    return out
+
+
+# %% tags=["export"]
+def _merge_waves(o, m_w, l_w, v_scale, lds, wave, lane, col, stride):
+    """Stage 2's merge for ``len(o) // 4`` d-chunks per wave, with the (max, sum) table's head
+    rows ``stride`` words apart. Returns this wave's d-chunks, normalized."""
+    per = len(o) // WAVES
+    stats = fx.recast_iter(fx.Uint8, lds.stats.ptr)
+    xchg = fx.recast_iter(fx.Uint8, lds.xchg.ptr)
+    l_w = l_w + _xor_lanes(l_w, 16)
+    l_w = l_w + _xor_lanes(l_w, 32)
+    _lds_store(stats, (col * stride + wave) * 4, fx.Vector.from_elements([m_w], dtype=fx.Float32))
+    _lds_store(stats, ((16 + col) * stride + wave) * 4, fx.Vector.from_elements([l_w], dtype=fx.Float32))
+    gpu.barrier()
+    if const_expr(stride % 4 == 0):
+        m4 = _lds_load(stats, col * stride * 4, WAVES)
+        l4 = _lds_load(stats, (16 + col) * stride * 4, WAVES)
+        m4, l4 = [fx.Float32(m4[w]) for w in range(WAVES)], [fx.Float32(l4[w]) for w in range(WAVES)]
+    else:  # rows are not 16-byte aligned any more: four 4-byte reads each
+        m4 = [fx.Float32(_lds_load(stats, (col * stride + w) * 4, 1)[0]) for w in range(WAVES)]
+        l4 = [fx.Float32(_lds_load(stats, ((16 + col) * stride + w) * 4, 1)[0]) for w in range(WAVES)]
+    m = _fmax(_fmax(m4[0], m4[1]), _fmax(m4[2], m4[3]))
+    total = fx.Float32(0.0)
+    for w in range_constexpr(WAVES):
+        total = total + l4[w] * _exp2(m4[w] - m)
+    o = [x * _splat4(_exp2(m_w - m) * v_scale * _rcp(total)) for x in o]
+    for r in range_constexpr(1, WAVES):
+        for s in range_constexpr(per):
+            _lds_store(xchg, ((wave * per + s) * WAVE + lane) * 16, o[per * r + s])
+        gpu.barrier()
+        src = (wave + (WAVES - r)) % WAVES
+        for s in range_constexpr(per):
+            o[s] = o[s] + _lds_load(xchg, ((src * per + s) * WAVE + lane) * 16, 4)
+        if const_expr(r < WAVES - 1):
+            gpu.barrier()
+    return o[:per]
+
+
+# %% tags=["export"]
+@functools.lru_cache(maxsize=None)
+def build_launcher(block_size: int, head_dim: int, group: int, arch: str, q_dtype: str = "f16",
+                   per_token: bool = False, v_layout: str = "trans_blocked", stats_stride: int = STATS_STRIDE):
+    """The ``@flyc.jit`` launcher for one specialization (``stats_stride=4``: the unpadded merge table)."""
+    if (block_size not in BLOCK_SIZES or head_dim not in HEAD_DIMS or group not in GROUP_SIZES
+            or arch not in FP8_MAX or q_dtype not in ("f16", "bf16") or v_layout not in V_LAYOUTS
+            or stats_stride < WAVES):
+        raise ValueError(f"unsupported specialization {block_size=}, {head_dim=}, {group=}, {arch=}, {q_dtype=}, "
+                         f"{v_layout=}, {stats_stride=}")
+    BS, HD, G, PT, VT = block_size, head_dim, group, bool(per_token), v_layout == "trans_blocked"
+    FMAX = FP8_MAX[arch]
+    LOG2_FMAX = math.log2(FMAX)
+    PAGE_BYTES = BS * HD
+    PPS = SPAN // BS  # pages per wave span
+    NJ = HD // 16  # d-chunks of O
+    PER = NJ // WAVES  # d-chunks each wave stores
+    HALVES = HD // 64  # 64-channel halves of a K row / of the query
+    ODT = fx.BFloat16 if q_dtype == "bf16" else fx.Float16
+
+    @fx.struct
+    class Shared:
+        stats: fx.Array[fx.Float32, 2 * 16 * stats_stride, 16]
+        xchg: fx.Array[fx.Float32, WAVES * PER * WAVE * 4, 16]
+
+    @flyc.kernel(known_block_size=(WAVES * WAVE, 1, 1))
+    def pa_decode_s4(
+        out: fx.Tensor,
+        query: fx.Tensor,
+        key_cache: fx.Tensor,
+        value_cache: fx.Tensor,
+        block_tables: fx.Tensor,
+        context_lengths: fx.Tensor,
+        key_scale: fx.Tensor,
+        value_scale: fx.Tensor,
+        v_norm: fx.Tensor,
+        num_kv_heads: fx.Int32,
+        max_blocks: fx.Int32,
+        q_seq_stride: fx.Int32,
+        q_head_stride: fx.Int32,
+        scale_log2: fx.Float32,
+    ):
+        tid = fx.Int32(gpu.thread_id("x"))
+        wave = _uniform(tid // WAVE)
+        lane = tid % WAVE
+        col = lane % 16
+        grp = lane // 16
+        seq = fx.Int32(gpu.block_id("x"))
+        kvh = fx.Int32(gpu.block_id("y"))
+        q_rs, k_rs, v_rs, bt_rs, o_rs = (_rsrc(t) for t in (query, key_cache, value_cache, block_tables, out))
+        ctx = _scalar_load(context_lengths, seq)
+        v_scale = _scalar_load(v_norm, 0).bitcast(fx.Float32)  # per token: the largest V scale
+        q_row = (seq * q_seq_stride + (kvh * G + _imin(col, G - 1)) * q_head_stride) * 2
+        q_ops, q_scale = _query_operands(q_rs, q_row, col < G, FMAX, grp, HALVES, q_dtype)
+        if const_expr(PT):
+            c_qk = q_scale * scale_log2  # K's scale multiplies each score instead
+            ks_rs, vs_rs = _rsrc(key_scale), _rsrc(value_scale)
+            inv_vnorm = _rcp(v_scale)
+        else:
+            c_qk = q_scale * _scalar_load(key_scale, 0).bitcast(fx.Float32) * scale_log2
+
+        last_page = (ctx - 1) // BS
+        num_tiles = (ctx + (TILE - 1)) // TILE
+        bt_row = seq * max_blocks
+        # the lane's first K slot (token 16·(col//4) + col%4 of the span) and V/scale token group
+        k_slot = col % 4 if const_expr(PPS > 1) else (col // 4) * 16 + col % 4
+        k_lane = (grp * BS + k_slot) * 16  # K blocked: (d//16, slot) rows of 16 bytes
+        v_group = 0 if const_expr(PPS > 1) else grp  # slot // 16 of the lane's 16 V tokens
+        if const_expr(VT):
+            v_lane = (v_group * HD + col) * 16  # V trans-blocked: (slot//16, channel) rows of 16 tokens
+            chunk_off = [((j + PER * wave) % NJ) * 256 for j in range_constexpr(NJ)]
+        else:
+            v_lane = col * BS + v_group * 16  # V plain: channel rows of block_size tokens
+            chunk_off = [((j + PER * wave) % NJ) * (16 * BS) for j in range_constexpr(NJ)]
+        s_lane = v_group * 16 * 4  # the lane's 16 per-token scales, bytes into the (page, head) row
+        k_page_j = col // 4 if const_expr(PPS > 1) else 0
+        v_page_j = grp if const_expr(PPS > 1) else 0
+
+        def page_id(tile, j):
+            idx = _imin(tile * (TILE // BS) + wave * PPS + j, last_page)
+            return _buffer_load(bt_rs, (bt_row + idx) * 4, 1)
+
+        def slab(page):
+            return (page * num_kv_heads + kvh) * PAGE_BYTES
+
+        def load_k(page):
+            voff = slab(page) + k_lane
+            words = []
+            for a in range_constexpr(4):
+                for h in range_constexpr(HALVES):
+                    v = _buffer_load(k_rs, voff, 4, soffset=h * 4 * BS * 16, offset=a * 64)
+                    words.extend([v[i] for i in range_constexpr(4)])
+            return fx.Vector.from_elements(words, dtype=fx.Int32)
+
+        def load_v(page):
+            voff = slab(page) + v_lane
+            words = []
+            for j in range_constexpr(NJ):
+                v = _buffer_load(v_rs, voff, 4, soffset=chunk_off[j])
+                words.extend([v[k] for k in range_constexpr(4)])
+            return fx.Vector.from_elements(words, dtype=fx.Int32)
+
+        def load_scales(rs, page):
+            voff = ((page * num_kv_heads + kvh) * BS) * 4 + s_lane
+            vals = []
+            for k in range_constexpr(4):
+                v = _buffer_load(rs, voff, 4, offset=16 * k).bitcast(fx.Float32)
+                vals.extend([v[i] for i in range_constexpr(4)])
+            return vals
+
+        def tile_math(t, k_words, v_words, v_page, o, m_old, l_old):
+            s = []
+            for a in range_constexpr(4):
+                acc = fx.Vector.filled(4, 0.0, fx.Float32)
+                for h in range_constexpr(HALVES):
+                    for half in range_constexpr(2):
+                        w0 = (HALVES * a + h) * 4 + 2 * half
+                        acc = _mfma(_i64(k_words[w0], k_words[w0 + 1]), q_ops[2 * h + half], acc)
+                s.extend([acc[i] for i in range_constexpr(4)])
+            p_weight = None
+            if const_expr(PT):
+                ks = load_scales(ks_rs, v_page)  # s[4a + i] is token 16·grp + 4a + i: scale 4a + i
+                s = [fx.Float32(s[i]) * fx.Float32(ks[i]) for i in range_constexpr(16)]
+                p_weight = [fx.Float32(x) * inv_vnorm for x in load_scales(vs_rs, v_page)]
+            s = fx.Vector.from_elements(s, dtype=fx.Float32)
+            n_valid = ctx - (t * TILE + wave * SPAN + grp * 16)
+            if t + 1 == num_tiles:
+                s, v_words = _mask_tail(s, v_words, n_valid)
+            p_ops, corr, m_new, l_new = _softmax_step(s, m_old, l_old, c_qk, LOG2_FMAX, p_weight)
+            return _pv_step(o, v_words, p_ops, corr), m_new, l_new
+
+        zero4 = fx.Vector.filled(4, 0.0, fx.Float32)
+        state = ([load_k(page_id(0, k_page_j)), page_id(1, k_page_j), page_id(0, v_page_j)]
+                 + [zero4] * NJ + [fx.Float32(MASKED), fx.Float32(0.0)])
+        for t, st in range(0, num_tiles, 1, init=state):
+            t = fx.Int32(t)
+            k_words, k_page_next, v_page = st[0], st[1], st[2]
+            o = [st[3 + j] for j in range_constexpr(NJ)]
+            m_old, l_old = st[3 + NJ], st[4 + NJ]
+            v_words = load_v(v_page)
+            k_words_next = load_k(k_page_next)
+            carry = [k_words_next, page_id(t + 2, k_page_j), page_id(t + 1, v_page_j)]
+            fx.rocdl.sched_barrier(0)
+            o, m_new, l_new = tile_math(t, k_words, v_words, v_page, o, m_old, l_old)
+            res = yield carry + o + [m_new, l_new]
+
+        lds = fx.SharedAllocator().allocate(Shared).peek()
+        mine = _merge_waves([res[3 + j] for j in range_constexpr(NJ)], fx.Float32(res[3 + NJ]),
+                            fx.Float32(res[4 + NJ]), v_scale, lds, wave, lane, col, stats_stride)
+        if col < G:
+            row = (seq * (num_kv_heads * G) + kvh * G + col) * (HD * 2)
+            for s in range_constexpr(PER):
+                _buffer_store(mine[s].to(ODT).bitcast(fx.Int32), o_rs, row + ((PER * wave + s) * 16 + grp * 4) * 2)
+
+    @flyc.jit
+    def launch(
+        out: fx.Tensor,
+        query: fx.Tensor,
+        key_cache: fx.Tensor,
+        value_cache: fx.Tensor,
+        block_tables: fx.Tensor,
+        context_lengths: fx.Tensor,
+        key_scale: fx.Tensor,
+        value_scale: fx.Tensor,
+        v_norm: fx.Tensor,
+        num_seqs: fx.Int32,
+        num_kv_heads: fx.Int32,
+        max_blocks: fx.Int32,
+        q_seq_stride: fx.Int32,
+        q_head_stride: fx.Int32,
+        scale_log2: fx.Float32,
+        stream: fx.Stream = fx.Stream(None),
+    ):
+        with CompilationContext.compile_hints({"fastmath": arith.FastMathFlags.contract}):
+            pa_decode_s4(
+                out, query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale, v_norm,
+                num_kv_heads, max_blocks, q_seq_stride, q_head_stride, scale_log2,
+            ).launch(grid=(num_seqs, num_kv_heads, 1), block=(WAVES * WAVE, 1, 1), stream=stream)
+
+    return launch
+
+
+# %% [markdown]
+# ## The launcher
+#
+# Validation names the argument (TypeError/ValueError) before anything is compiled; one
+# specialization per (block, head_dim, group, arch, query dtype, scale kind, V layout).
+
+
+# %% tags=["export"]
+def _check_codes(x, name, arch, dims):
+    _need_tensor(x, name)
+    want = FP8_TORCH[arch]
+    if x.dtype in FP8_TORCH.values() and x.dtype != want:
+        raise ValueError(f"{name}: {x.dtype} codes do not match {arch}, which decodes e4m3 as {want} "
+                         f"(FNUZ on gfx942, OCP on gfx950); convert the cache or pass the other arch")
+    if x.dtype not in (want, torch.uint8):
+        raise TypeError(f"{name}: expected {want} (or uint8 codes), got {x.dtype}")
+    if x.dim() != dims:
+        raise ValueError(f"{name}: expected {dims} dims, got shape {tuple(x.shape)}")
+    if not x.is_contiguous():
+        raise ValueError(f"{name}: must be contiguous")
+    if x.numel() >= 2**31:
+        raise ValueError(f"{name}: {x.numel()} bytes exceed the kernel's 32-bit byte offsets")
+
+
+def _scales(key_scale, value_scale, per_token_shape, device):
+    """-> (key_scale, value_scale, v_norm, per_token)"""
+    out = []
+    for x, name in ((key_scale, "key_scale"), (value_scale, "value_scale")):
+        if isinstance(x, (int, float)) and not isinstance(x, bool):
+            x = torch.tensor([float(x)], dtype=torch.float32, device=device)
+        _need_tensor(x, name)
+        if x.dtype != torch.float32:
+            raise TypeError(f"{name}: expected float32, got {x.dtype}")
+        if x.numel() == 1:
+            out.append((x.reshape(1).contiguous(), False))
+        elif tuple(x.shape) == per_token_shape:
+            if not x.is_contiguous():
+                raise ValueError(f"{name}: a per-token scale must be contiguous")
+            out.append((x, True))
+        else:
+            raise ValueError(f"{name}: expected shape [1] (per tensor) or {list(per_token_shape)} (per token), "
+                             f"got {tuple(x.shape)}")
+        if x.device != device:
+            raise ValueError(f"{name}: on {x.device}, but query is on {device}")
+    (ks, kpt), (vs, vpt) = out
+    if kpt != vpt:
+        raise ValueError("value_scale: key_scale and value_scale must both be per tensor or both per token")
+    if device.type == "cpu" and not (torch.isfinite(ks).all() and torch.isfinite(vs).all() and (vs > 0).all()):
+        raise ValueError("value_scale: scales must be finite, and V's > 0")
+    # per token, P is weighted by v_scale / max(v_scale) <= 1 so that it stays in fp8 range
+    v_norm = vs.amax().reshape(1) if vpt else vs
+    return ks, vs, v_norm, vpt
+
+
+def _validate(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale,
+              softmax_scale, out, arch, v_layout):
+    arch = _resolve_arch(arch)
+    if not isinstance(v_layout, str) or v_layout not in V_LAYOUTS:
+        raise ValueError(f"v_layout: expected one of {V_LAYOUTS}, got {v_layout!r}")
+    _need_tensor(query, "query")
+    if query.dtype not in QUERY_DTYPES:
+        raise TypeError(f"query: expected float16 or bfloat16, got {query.dtype}")
+    if query.dim() != 3 or query.shape[2] not in HEAD_DIMS or query.shape[0] == 0:
+        raise ValueError(f"query: expected [num_seqs >= 1, num_q_heads, 64 | 128], got {tuple(query.shape)}")
+    if query.stride(2) != 1:
+        raise ValueError(f"query: the head_dim axis must be contiguous (stride 1), got strides {query.stride()}")
+    num_seqs, num_q_heads, head_dim = query.shape
+    _check_codes(key_cache, "key_cache", arch, 5)
+    _check_codes(value_cache, "value_cache", arch, 5 if v_layout == "trans_blocked" else 4)
+    if value_cache.dtype != key_cache.dtype:
+        raise TypeError(f"value_cache: dtype {value_cache.dtype} differs from key_cache dtype {key_cache.dtype}")
+    num_blocks, num_kv_heads, d16, block_size, sixteen = key_cache.shape
+    if sixteen != 16 or d16 * 16 != head_dim:
+        raise ValueError(f"key_cache: expected K blocked [num_blocks, num_kv_heads, {head_dim // 16}, block_size, 16], "
+                         f"got {tuple(key_cache.shape)}")
+    if block_size not in BLOCK_SIZES:
+        raise ValueError(f"key_cache: block_size (dim 3) must be one of {BLOCK_SIZES}, got {block_size}")
+    if num_blocks == 0 or num_kv_heads == 0:
+        raise ValueError(f"key_cache: empty dimension in shape {tuple(key_cache.shape)}")
+    want_v = ((num_blocks, num_kv_heads, block_size // 16, head_dim, 16) if v_layout == "trans_blocked"
+              else (num_blocks, num_kv_heads, head_dim, block_size))
+    if tuple(value_cache.shape) != want_v:
+        raise ValueError(f"value_cache: expected V {v_layout} {want_v}, got {tuple(value_cache.shape)}")
+    if num_q_heads % num_kv_heads or num_q_heads // num_kv_heads not in GROUP_SIZES:
+        raise ValueError(f"query: num_q_heads={num_q_heads} must be {GROUP_SIZES[0]} or {GROUP_SIZES[1]} times "
+                         f"key_cache's num_kv_heads={num_kv_heads}")
+    group = num_q_heads // num_kv_heads
+    _need_tensor(block_tables, "block_tables")
+    if block_tables.dtype != torch.int32:
+        raise TypeError(f"block_tables: expected int32, got {block_tables.dtype}")
+    if block_tables.dim() != 2 or block_tables.shape[0] != num_seqs or block_tables.shape[1] == 0:
+        raise ValueError(f"block_tables: expected [{num_seqs}, max_blocks_per_seq >= 1], got {tuple(block_tables.shape)}")
+    _need_tensor(context_lengths, "context_lengths")
+    if context_lengths.dtype != torch.int32:
+        raise TypeError(f"context_lengths: expected int32, got {context_lengths.dtype}")
+    if tuple(context_lengths.shape) != (num_seqs,):
+        raise ValueError(f"context_lengths: expected shape ({num_seqs},), got {tuple(context_lengths.shape)}")
+    device = query.device
+    for name, x in (("key_cache", key_cache), ("value_cache", value_cache), ("block_tables", block_tables),
+                    ("context_lengths", context_lengths)):
+        if x.device != device:
+            raise ValueError(f"{name}: on {x.device}, but query is on {device}")
+    ks, vs, v_norm, per_token = _scales(key_scale, value_scale, (num_blocks, num_kv_heads, block_size), device)
+    if softmax_scale is None:
+        softmax_scale = 1.0 / math.sqrt(head_dim)
+    if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)):
+        raise TypeError(f"softmax_scale: expected a float or None, got {type(softmax_scale).__name__}")
+    if not (math.isfinite(softmax_scale) and softmax_scale > 0):
+        raise ValueError(f"softmax_scale: must be finite and > 0, got {softmax_scale}")
+    if out is None:
+        out = torch.empty(tuple(query.shape), dtype=query.dtype, device=device)
+    else:
+        _need_tensor(out, "out")
+        if out.dtype != query.dtype or tuple(out.shape) != tuple(query.shape):
+            raise ValueError(f"out: expected {query.dtype} {tuple(query.shape)}, got {out.dtype} {tuple(out.shape)}")
+        if not out.is_contiguous():
+            raise ValueError("out: must be contiguous")
+        if out.device != device:
+            raise ValueError(f"out: on {out.device}, but query is on {device}")
+    if device.type == "cpu":
+        ctx = context_lengths.to(torch.int64)
+        room = block_tables.shape[1] * block_size
+        bad = (ctx < 1) | (ctx > room)
+        if bad.any():
+            s = int(bad.nonzero()[0])
+            raise ValueError(f"context_lengths: sequence {s} has {int(ctx[s])} tokens; need 1 .. {room}")
+        used = torch.arange(block_tables.shape[1]) * block_size < ctx[:, None]
+        bt = block_tables.to(torch.int64)
+        wrong = used & ((bt < 0) | (bt >= num_blocks))
+        if wrong.any():
+            s, j = (int(i) for i in wrong.nonzero()[0])
+            raise ValueError(f"block_tables: entry [{s}, {j}] = {int(bt[s, j])} is not a page id in [0, {num_blocks})")
+    last = (num_seqs - 1) * query.stride(0) + (num_q_heads - 1) * query.stride(1) + head_dim
+    if last * 2 >= 2**31 or out.numel() * 2 >= 2**31:
+        raise ValueError("query: too large for the kernel's 32-bit byte offsets")
+    launcher = build_launcher(block_size, head_dim, group, arch, QUERY_DTYPES[query.dtype], per_token, v_layout)
+    args = (
+        out, query, key_cache.view(torch.uint8), value_cache.view(torch.uint8), block_tables.contiguous(),
+        context_lengths.contiguous(), ks, vs, v_norm,
+        num_seqs, num_kv_heads, block_tables.shape[1], query.stride(0), query.stride(1), float(softmax_scale) * LOG2E,
+    )
+    return launcher, args, arch
+
+
+def launch_args(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale, *,
+                softmax_scale=None, out=None, arch=None, v_layout="trans_blocked"):
+    """``(launcher, args, arch)`` after validation: ``launcher(*args)`` runs the kernel."""
+    return _validate(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale,
+                     softmax_scale, out, arch, v_layout)
+
+
+def paged_decode(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale, *,
+                 softmax_scale=None, out=None, arch=None, v_layout="trans_blocked"):
+    """fp8 paged decode attention; returns ``out`` (shaped like ``query``, in the query's dtype).
+
+    ``query`` [num_seqs, num_q_heads, 64|128] f16/bf16, last dim contiguous (other strides free);
+    ``key_cache`` K blocked [num_blocks, num_kv_heads, head_dim//16, block_size, 16];
+    ``value_cache`` V trans-blocked [num_blocks, num_kv_heads, block_size//16, head_dim, 16], or V plain
+    [num_blocks, num_kv_heads, head_dim, block_size] with ``v_layout="plain"``; fp8 e4m3 of the arch's
+    flavour (or uint8 codes); ``block_tables`` [num_seqs, max_blocks] int32; ``context_lengths``
+    [num_seqs] int32; ``key_scale``/``value_scale`` float32 [1] or [num_blocks, num_kv_heads,
+    block_size]; ``softmax_scale`` defaults to 1/sqrt(head_dim).
+    """
+    from pa_tile import backend, toolchain
+
+    launcher, args, arch = launch_args(query, key_cache, value_cache, block_tables, context_lengths, key_scale,
+                                       value_scale, softmax_scale=softmax_scale, out=out, arch=arch, v_layout=v_layout)
+    backend.ensure_backend()
+    with toolchain.target_arch(arch):
+        launcher(*args)
+    return args[0]
+
+
+# %% [markdown]
+# ## The kernel's arithmetic, written out
+#
+# Chapter 2's torch model of the roundings, extended to the widened scope.
+
+
+# %% tags=["export"]
+def numerics_model(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale, *,
+                   softmax_scale=None, arch, v_layout="trans_blocked"):
+    """float32 torch model of the stage-4 kernel's roundings (arguments as ``paged_decode``);
+    returns float32 shaped like ``query``. Stage 2's model plus head_dim 64, per-token scales
+    (K's on each score, V's as P weights ``v_scale / max(v_scale)`` before the fp8 rounding)."""
+    from pa_tile.cache import from_k_blocked, from_v_plain, from_v_trans_blocked
+
+    fmax, fp8 = FP8_MAX[arch], FP8_TORCH[arch]
+    num_seqs, num_q_heads, hd = query.shape
+    scale = 1.0 / math.sqrt(hd) if softmax_scale is None else float(softmax_scale)
+    decode = lambda x: x.view(torch.uint8).view(fp8).float()  # noqa: E731
+    kc = decode(from_k_blocked(key_cache.view(torch.uint8)))
+    vraw = value_cache.view(torch.uint8)
+    vc = decode(from_v_trans_blocked(vraw) if v_layout == "trans_blocked" else from_v_plain(vraw))
+    ks, vs = torch.as_tensor(key_scale, dtype=torch.float32), torch.as_tensor(value_scale, dtype=torch.float32)
+    per_token = ks.numel() > 1
+    v_norm = float(vs.max()) if per_token else float(vs.reshape(()))
+    _, kvh, bs, _ = kc.shape
+    group = num_q_heads // kvh
+    out = torch.empty(num_seqs, num_q_heads, hd)
+    f32 = lambda x: torch.tensor(x, dtype=torch.float32)  # noqa: E731
+    scale_log2 = f32(scale * LOG2E)  # ... scores (and so P's fp8 codes) round alike
+    for s in range(num_seqs):
+        n = int(context_lengths[s])
+        pages = block_tables[s, : -(-n // bs)].long()
+        k = kc[pages].permute(1, 0, 2, 3).reshape(kvh, -1, hd)[:, :n]
+        v = vc[pages].permute(1, 0, 2, 3).reshape(kvh, -1, hd)[:, :n]
+        q = query[s].float().reshape(kvh, group, hd)
+        amax = q.abs().amax(-1, keepdim=True).clamp_min(1e-20)
+        q8 = (q * (fmax / amax)).to(fp8).float()
+        q_scale = amax * f32(1.0 / fmax)  # the kernel's order of float32 operations, so that
+        raw = torch.einsum("hgd,htd->hgt", q8, k)
+        if per_token:
+            kst = ks[pages].permute(1, 0, 2).reshape(kvh, -1)[:, :n]
+            wt = (vs[pages].permute(1, 0, 2).reshape(kvh, -1)[:, :n] / v_norm)[:, None, :]
+            x = (raw * kst[:, None, :]) * (q_scale * scale_log2)
+        else:
+            wt = torch.ones(1)
+            x = raw * ((q_scale * ks.reshape(())) * scale_log2)
+        m = torch.full((kvh, group, WAVES), MASKED)
+        l = torch.zeros(kvh, group, WAVES)
+        o = torch.zeros(kvh, group, WAVES, hd)
+        for t0 in range(0, n, TILE):
+            for w in range(WAVES):
+                lo, hi = t0 + w * SPAN, min(t0 + (w + 1) * SPAN, n)
+                if hi <= lo:
+                    continue
+                m_new = torch.maximum(m[..., w], x[..., lo:hi].amax(-1))
+                corr = torch.exp2(m[..., w] - m_new)
+                p = torch.exp2(x[..., lo:hi] - (m_new - math.log2(fmax))[..., None])
+                l[..., w] = l[..., w] * corr + p.sum(-1)
+                pw = p * (wt[..., lo:hi] if per_token else 1.0)
+                o[..., w, :] = o[..., w, :] * corr[..., None] + pw.to(fp8).float() @ v[:, lo:hi]
+                m[..., w] = m_new
+        f = torch.exp2(m - m.amax(-1, keepdim=True))
+        res = (o * f[..., None]).sum(2) / (l * f).sum(-1)[..., None] * v_norm
+        out[s] = res.reshape(num_q_heads, hd)
+    return out
+
+
+# %% [markdown]
+# ## The merge's bank conflict, and the padding that removes it
+#
+# The only LDS in the kernel is the final merge (chapter 2): a `(max, sum)` table and an
+# exchange buffer. The trace of chapter 3's kernel for the tile above:
+
+# %%
+def lds_rows(trace):
+    return [dict(mnemonic=r["mnemonic"], line=r["line"], executions=r["executions"], max_degree=r["max_degree"],
+                 conflict_cycles=r["conflict_cycles"]) for r in trace.summary() if r["space"] == "lds"]
+
+
+print(format_table(lds_rows(trace3)))
+
+# %% [markdown]
+# The write of the `(max, sum)` table conflicts 2-way. Its layout is
+# `[max | sum][head][wave]`: head rows of 4 words, and lane `(c, g)` writes word
+# `4c + wave`. On gfx942 (32 banks of 4 bytes; a 4-byte access is served 32 lanes at a
+# time) lanes `0..31` write heads `0..15` (lanes `c` and `c+16` write the same word: a
+# broadcast, no conflict), and their banks are `(4c + wave) mod 32`: heads `c` and `c + 8`
+# hit the same bank. The fix is to pad each head row to 5 words: banks
+# `(5c + wave) mod 32` for `c = 0..15` are all different, because 5 is odd, hence
+# invertible mod 32, so `5c` takes 16 distinct values. (gfx950 serves LDS writes the same
+# way.) The price: rows are no longer 16-byte aligned, so the read-back of a head's four
+# values becomes two `ds_read2_b32` instead of one `ds_read_b128`; once per workgroup. The
+# exchange buffer (`[sender][slot][lane]` × 16 bytes) is already conflict-free.
+
+# %%
+def lds_trace(arch, stride, head_dim=128):
+    fmt = "ocp" if arch == "gfx950" else "fnuz"
+    case = cache.make_case(1, 16, 1, head_dim, 16, 256, fp8_format=fmt, pad_block_id=-1)
+    launcher, args, _ = s4.launch_args(case.query, case.k_blocked(), case.v_trans_blocked(), case.block_tables,
+                                       case.context_lengths, case.k_scale, case.v_scale, arch=arch)
+    launcher = s4.build_launcher(16, head_dim, 16, arch, "f16", False, "trans_blocked", stride)
+    trace = Trace(arch)
+    with emu_launch.launch_options(trace=trace), toolchain.target_arch(arch):
+        launcher(*args)
+    return trace
+
+
+rows = []
+for arch in ("gfx942", "gfx950"):
+    for stride in (4, s4.STATS_STRIDE):
+        lds = [r for r in lds_trace(arch, stride).accesses() if r["space"] == "lds"]
+        rows.append(dict(arch=arch, head_row_words=stride, lds_accesses=len(lds),
+                         max_degree=max(r["conflict_degree"] for r in lds),
+                         conflict_cycles=sum(r["conflict_cycles"] for r in lds)))
+print(format_table(rows))
+
+# %% [markdown]
+# ## Does it work?
+#
+# The widened matrix on both archs: block 16/64 × head_dim 64/128 × {f16 per-tensor, f16
+# per-token, bf16 per-token} on trans-blocked V, plus bf16 per-tensor on plain V; contexts 1,
+# 17, 256, 1027, shuffled pages, `-1` in unused block-table entries. Tolerances as in
+# chapter 2 against the float32 reference (`|err| ≤ 0.1 + 2⁻⁴|ref|`), and against
+# `numerics_model` (the same roundings in torch) `2·10⁻⁴ + 1 ulp` of the output dtype.
+
+# %%
+def check(arch, block_size, head_dim, q_dtype, scales, v_layout, contexts=(1, 17, 256, 1027)):
+    fmt = "ocp" if arch == "gfx950" else "fnuz"
+    case = cache.make_case(len(contexts), 8, 1, head_dim, block_size, list(contexts), fp8_format=fmt, seed=1,
+                           pad_block_id=-1, query_dtype=q_dtype, scales=scales)
+    v = case.v_trans_blocked() if v_layout == "trans_blocked" else case.v_plain()
+    args = (case.query, case.k_blocked(), v, case.block_tables, case.context_lengths, case.k_scale, case.v_scale)
+    device = backend.device_for_tensors()
+    got = s4.paged_decode(*(x.to(device) for x in args), arch=arch, v_layout=v_layout).cpu()
+    ref = case.reference().float()
+    model = s4.numerics_model(*args, arch=arch, v_layout=v_layout)
+    ulp = 2.0**-7 if q_dtype == torch.bfloat16 else 2.0**-10
+    err = (got.float() - ref).abs()
+    return dict(arch=arch, block=block_size, head_dim=head_dim, query=str(q_dtype)[6:], scales=scales, v=v_layout,
+                out=str(got.dtype)[6:], err_vs_ref=round(float(err.max()), 4),
+                ok=bool((err <= 0.1 + 2**-4 * ref.abs()).all()),
+                matches_model=bool(((got.float() - model).abs() <= 2e-4 + ulp * model.abs()).all()))
+
+
+combos = [(torch.float16, "per-tensor", "trans_blocked"), (torch.float16, "per-token", "trans_blocked"),
+          (torch.bfloat16, "per-token", "trans_blocked"), (torch.bfloat16, "per-tensor", "plain")]
+table = [check(arch, bs, hd, *c) for arch in ("gfx942", "gfx950") for bs in (16, 64) for hd in (64, 128)
+         for c in combos]
+print(format_table(table))
+assert all(r["ok"] and r["matches_model"] and r["out"] == r["query"] for r in table)
+
+# %% [markdown]
+# On chapter 3's scope (f16, head_dim 128, per-tensor) the output is **bit-identical** to
+# chapter 3's kernel, for both V layouts: the layouts change addresses, not arithmetic. And a
+# query that is a slice of a fused QKV tensor gives the same output as its contiguous copy:
+
+# %%
+case = cache.make_case(3, 16, 2, 128, 16, [1, 300, 1027], fp8_format="fnuz", pad_block_id=-1)
+same = {}
+want = s3.paged_decode(case.query, case.k_cache, case.v_plain(), case.block_tables, case.context_lengths,
+                       case.k_scale, case.v_scale, arch="gfx942")
+for v_layout, v in (("trans_blocked", case.v_trans_blocked()), ("plain", case.v_plain())):
+    got = s4.paged_decode(case.query, case.k_blocked(), v, case.block_tables, case.context_lengths,
+                          case.k_scale, case.v_scale, arch="gfx942", v_layout=v_layout)
+    same[f"stage 3 == stage 4 ({v_layout} V)"] = torch.equal(got, want)
+qkv = torch.zeros(3, 16 + 2 * 2, 128, dtype=torch.float16)  # [q heads | k heads | v heads]
+qkv[:, :16] = case.query
+q_view = qkv[:, :16]
+got = s4.paged_decode(q_view, case.k_blocked(), case.v_trans_blocked(), case.block_tables, case.context_lengths,
+                      case.k_scale, case.v_scale, arch="gfx942")
+same[f"strided query {tuple(q_view.stride())} == contiguous"] = torch.equal(got, want)
+print(same)
+assert all(same.values())
+
+# %% [markdown]
+# ## What it compiles to
+#
+# Against chapter 3 (block 16, group 8, head_dim 128, f16, per-tensor), then the resources
+# across the scope.
+
+# %%
+def compile4(arch, block_size=16, head_dim=128, group=8, q_dtype=torch.float16, scales="per-tensor",
+             v_layout="trans_blocked"):
+    fmt = "ocp" if arch == "gfx950" else "fnuz"
+    case = cache.make_case(1, group, 1, head_dim, block_size, 17, fp8_format=fmt, query_dtype=q_dtype, scales=scales)
+    v = case.v_trans_blocked() if v_layout == "trans_blocked" else case.v_plain()
+    launcher, args, arch = s4.launch_args(case.query, case.k_blocked(), v, case.block_tables, case.context_lengths,
+                                          case.k_scale, case.v_scale, arch=arch, v_layout=v_layout)
+    return isa.IsaStats.from_asm(toolchain.compile_isa(launcher, *args, arch=arch))
+
+
+def compile3(arch):
+    fmt = "ocp" if arch == "gfx950" else "fnuz"
+    case = cache.make_case(1, 8, 1, 128, 16, 17, fp8_format=fmt)
+    launcher, args, arch = s3.launch_args(case.query, case.k_cache, case.v_plain(), case.block_tables,
+                                          case.context_lengths, case.k_scale, case.v_scale, arch=arch)
+    return isa.IsaStats.from_asm(toolchain.compile_isa(launcher, *args, arch=arch))
+
+
+for arch in ("gfx942", "gfx950"):
+    print(isa.diff(compile3(arch), compile4(arch), labels=("stage 3", "stage 4"), mnemonics=False))
+    print()
+
+# %%
+rows = []
+for arch in ("gfx942", "gfx950"):
+    for bs, hd, qd, sc in ((16, 128, torch.float16, "per-tensor"), (64, 128, torch.bfloat16, "per-token"),
+                           (16, 64, torch.float16, "per-tensor"), (64, 64, torch.bfloat16, "per-token")):
+        st = compile4(arch, bs, hd, 16, qd, sc)
+        occ = isa.occupancy(st, arch)
+        rows.append(dict(arch=arch, block=bs, head_dim=hd, query=str(qd)[6:], scales=sc, vgpr=st.vgpr_unified,
+                         agpr=st.agpr, spills=st.vgpr_spill, lds=st.lds_bytes, waves_per_simd=occ.waves_per_simd,
+                         loop_instr=st.main_loop_instructions, dwordx4=st.load_widths.get("buffer", {}).get("dwordx4", 0)))
+print(format_table(rows))
+
+# %% [markdown]
+# The carried K costs the same 32 registers as in chapter 3 (3 waves per SIMD at head_dim
+# 128). head_dim 64 halves K, V and O: 94-96 registers, 5 waves. Per-token scales add the
+# 16 K scales and 16 P weights of a lane's tokens: at head_dim 128 that crosses 168 registers
+# and costs a wave (2 per SIMD). That cost is measured here, not yet optimized.
+#
+# ## Memory traffic of one tile
+#
+# The full trace of this chapter's kernel for the one-tile case above: every K and V byte
+# arrives by `buffer_load_dwordx4` at 16 segments per 1 KB, and the LDS has no conflict.
+
+# %%
+cols = ["mnemonic", "space", "executions", "bytes", "segments", "min_segments", "max_degree", "conflict_cycles"]
+print(format_table(trace4.summary(), ["line"] + cols))

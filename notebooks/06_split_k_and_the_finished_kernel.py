@@ -1,0 +1,830 @@
+# ---
+# jupyter:
+#   jupytext:
+#     cell_metadata_filter: tags,-all
+#     formats: ipynb,py:percent
+#     notebook_metadata_filter: -all
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+# ---
+
+# %% [markdown]
+# # 06 · Split-K, the reduce, and the finished kernel
+#
+# Chapter 5's kernel launches one workgroup per (sequence, KV head, M-group) and walks the whole
+# context inside it. That is the right shape for a big batch. It is the wrong shape for the
+# decode step of one long conversation:
+#
+# | batch × KV heads | workgroups | MI300X (304 CUs) busy | MI355X (256 CUs) busy |
+# |---|---|---|---|
+# | 1 × 8 | 8 | 2.6 % | 3.1 % |
+# | 4 × 8 | 32 | 10.5 % | 12.5 % |
+# | 32 × 8 | 256 | 84 % | 100 % |
+#
+# With 8 workgroups, 296 of MI300X's CUs idle while 8 of them stream a 32k-token context each.
+# Decode is bound by memory bandwidth, and one CU cannot pull more than a small share of HBM
+# bandwidth. **Split-K** (flash-decoding) cuts the context into `num_partitions` contiguous ranges,
+# runs them as separate workgroups (grid z), and merges the partial results with a second, tiny
+# kernel: the **reduce** or *flash-combine*.
+#
+# This chapter adds that reduce kernel, the heuristic that picks the partition count, and the
+# public entry point `pa_tile.paged_decode` that wraps everything built so far: validation, the
+# workspace for the partial results (so the call allocates nothing and can be captured in a
+# CUDA/HIP graph), and the two launches.
+
+# %%
+import math
+
+import torch
+
+from pa_tile import backend, cache, isa, toolchain
+from pa_tile.emu.memory import format_table
+
+# %% [markdown]
+# ## The partial results and the merge math
+#
+# Partition `z` of a (sequence, KV head) sees a token range `T_z`. For one query row with scores
+# `s_t = softmax_scale · q·k_t` it keeps the three numbers flash attention keeps anyway, and chapter 5
+# writes them out (layout in `s5.build_launcher`'s docstring):
+#
+# * `m_z = max_{t∈T_z} s_t` (natural-log units),
+# * `ℓ_z = Σ_{t∈T_z} exp(s_t − m_z)`,
+# * `o_z = Σ_{t∈T_z} exp(s_t − m_z) · v_t / ℓ_z` (the partition's own softmax output, *normalized*).
+#
+# The full softmax over `T = ∪ T_z` follows exactly, because `exp(s − m_z) = exp(s − M)·exp(M − m_z)`:
+#
+# $$M = \max_z m_z,\qquad w_z = ℓ_z\,e^{m_z − M},\qquad o = \frac{\sum_z w_z\,o_z}{\sum_z w_z}.$$
+#
+# Storing `o_z` normalized (instead of `Σ p·v`) keeps the partial values in the range of V whatever
+# the magnitudes of `ℓ_z`, and the reduce needs one multiply-add per partition.
+#
+# **Numerics of the combine.** A partition may see *no* token of a row: the context is shorter than
+# the partition's start, or a sliding window or the causal mask of MTP hides all of it. Chapter 5
+# writes `m_z = −6.9e29` (a finite −∞), `ℓ_z = 0`, `o_z = 0` for it. The reduce must let it add
+# nothing and never produce NaN:
+#
+# * `M` is the max over partitions **with `ℓ_z > 0`** only; empty ones enter as `−∞`.
+# * `w_z` is *selected* to 0 when `ℓ_z = 0`, never computed as `0 · exp(m_z − M)`: with `M = −∞`
+#   (every partition empty) that exponent is `exp(+∞)` and `0 · ∞` is NaN.
+# * The output is selected to 0 when `Σ w_z = 0` (a row no partition saw: impossible for a valid
+#   decode, where each row sees at least its own token, but a corrupt input must not become NaN).
+# * `M ≥ m_z` for every live partition, so every `exp(m_z − M) ≤ 1`: no overflow.
+#
+# In torch, the numerics model the tests hold the kernel to:
+
+# %% tags=["export"]
+"""Stage 6: split-K partitions, the flash-combine reduce, and the finished ``paged_decode``.
+
+The partial kernel is chapter 5's (``pa_tile.stages.s5_phase_split_mtp``) specialized with
+``num_partitions`` > 1: workgroup z walks a contiguous range of 256-token tiles and writes the
+partition's row max, row sum and normalized output. ``build_reduce`` merges them into the output
+(global max, rescaled sums, weighted outputs; empty partitions add nothing, never NaN).
+``choose_num_partitions`` picks the split from the problem's shape and the target's CU count;
+``paged_decode`` validates everything, carves the partial buffers out of a caller's
+``workspace`` (no allocation: graph-capturable) and runs the one or two launches.
+"""
+
+import functools
+import math
+import types
+
+import torch
+
+import flydsl.compiler as flyc
+import flydsl.expr as fx
+from flydsl.expr import gpu
+
+from pa_tile.stages import s5_phase_split_mtp as s5
+from pa_tile.stages.s2_register_softmax import (
+    FP8_MAX, LOG2E, TILE, _buffer_load, _buffer_store, _exp2, _fmax, _imin, _rcp, _rsrc, _select, _splat4,
+)
+
+__all__ = ["paged_decode", "launch_args", "build_reduce", "combine_torch", "choose_num_partitions",
+           "workspace_size", "make_workspace", "CU_COUNT", "MAX_PARTITIONS"]
+
+#: compute units of the two targets: MI300X (gfx942) and MI355X (gfx950)
+CU_COUNT = {"gfx942": 304, "gfx950": 256}
+#: the largest split chapter 5's kernel accepts
+MAX_PARTITIONS = 64
+#: workgroups the heuristic aims for, per CU (see ``choose_num_partitions``)
+WORKGROUPS_PER_CU = 4
+#: a partition gets at least this many 256-token tiles (see ``choose_num_partitions``)
+MIN_TILES_PER_PARTITION = 2
+REDUCE_THREADS = 256
+
+
+def combine_torch(pmax, psum, pout, query_length, group):
+    """The reduce in float32 torch, with the kernel's guards: partials ``[S, kvh, NP, rows(, d)]``
+    -> ``[S·query_length, kvh·group, d]``."""
+    live = psum > 0
+    gmax = torch.where(live, pmax, torch.tensor(float("-inf"))).amax(2, keepdim=True)
+    w = torch.where(live, psum * torch.exp(torch.where(live, pmax - gmax, torch.zeros(()))), torch.zeros(()))
+    den = w.sum(2)
+    o = (w[..., None] * pout).sum(2) * torch.where(den > 0, 1.0 / den.clamp_min(1e-38), torch.zeros(()))[..., None]
+    S, kvh, rows, d = o.shape
+    return o.reshape(S, kvh, query_length, group, d).permute(0, 2, 1, 3, 4).reshape(S * query_length, kvh * group, d)
+
+# %%
+# four partitions of one row: two live, one empty, one live but far below the max
+pmax = torch.tensor([[[[2.0], [-6.9e29], [0.5], [-40.0]]]])
+psum = torch.tensor([[[[3.0], [0.0], [5.0], [1.0]]]])
+pout = torch.tensor([[[[[1.0]], [[0.0]], [[-1.0]], [[7.0]]]]])
+print("combined:", combine_torch(pmax, psum, pout, 1, 1).flatten().tolist())
+print("all empty:", combine_torch(torch.full_like(pmax, -6.9e29), torch.zeros_like(psum), torch.zeros_like(pout), 1, 1).flatten().tolist())
+
+# %% [markdown]
+# ## The reduce kernel
+#
+# One thread per 4 output channels: a row of `head_dim` channels takes `head_dim/4` lanes (16, 32 or
+# 64), so a 256-thread workgroup merges 16, 8 or 4 rows, and every partial-output load is one
+# `buffer_load_dwordx4` of 16 contiguous bytes (a row's lanes read it as whole 64-byte segments).
+# Grid `(num_seqs, num_kv_heads, ceil(rows / rows_per_workgroup))`: sequence and KV head come from
+# the block ids, so no index is ever divided at run time (the row's `(MTP position, head)` split
+# divides by the compile-time `group`).
+#
+# Two loops over the partitions (a run-time count, so one compiled reduce serves every split):
+# the first finds `M` from the row's `(m_z, ℓ_z)`, the second accumulates `w_z · o_z` and `Σ w_z`.
+# The stats are re-read in the second loop rather than kept: they are 8 bytes per partition per
+# row, hit in L2, and keeping 64 of them would cost 128 registers. The output is converted to the
+# query dtype and stored as 8 bytes per lane.
+
+# %% tags=["export"]
+@functools.lru_cache(maxsize=None)
+def build_reduce(head_dim, group, query_length, q_dtype="f16"):
+    """The ``@flyc.jit`` flash-combine launcher ``launch(out, pmax, psum, pout, num_seqs,
+    num_kv_heads, num_partitions)`` for one (head_dim, group, query_length, query dtype).
+
+    Reads chapter 5's partials (``pmax``/``psum`` [S, kvh, NP, rows], ``pout`` [S, kvh, NP, rows,
+    head_dim], float32) and writes ``out`` [S·query_length, kvh·group, head_dim] (contiguous, f16 or
+    bf16): ``M = max_{ℓ>0} m``, ``w = ℓ·exp(m - M)`` (0 where ℓ = 0), ``out = Σ w·o / Σ w`` (0 if Σ w = 0).
+    """
+    if head_dim % 64 or not 64 <= head_dim <= 256:
+        raise ValueError(f"unsupported head_dim={head_dim} (64, 128 or 256)")
+    if not (1 <= group <= s5.MAX_GROUP and 1 <= query_length <= s5.MAX_QUERY_LENGTH):
+        raise ValueError(f"unsupported group={group}, query_length={query_length}")
+    HD, G, QL = head_dim, group, query_length
+    ROWS = G * QL
+    LPR = HD // 4  # lanes per row: 4 channels (one dwordx4) each
+    RPW = REDUCE_THREADS // LPR  # rows per workgroup
+    QDT = fx.BFloat16 if q_dtype == "bf16" else fx.Float16
+
+    @flyc.kernel(known_block_size=(REDUCE_THREADS, 1, 1))
+    def pa_reduce_s6(out: fx.Tensor, pmax: fx.Tensor, psum: fx.Tensor, pout: fx.Tensor,
+                     num_kv_heads: fx.Int32, num_partitions: fx.Int32):
+        tid = fx.Int32(gpu.thread_id("x"))
+        seq = fx.Int32(gpu.block_id("x"))
+        kvh = fx.Int32(gpu.block_id("y"))
+        r = fx.Int32(gpu.block_id("z")) * RPW + tid // LPR
+        rc = _imin(r, ROWS - 1)  # rows past the end compute a real row's result and do not store it
+        d0 = (tid % LPR) * 4
+        mx_rs, sm_rs, po_rs, o_rs = (_rsrc(t) for t in (pmax, psum, pout, out))
+        stat0 = (seq * num_kv_heads + kvh) * num_partitions * ROWS + rc  # partition 0's stats, in floats
+        ninf = fx.Float32(float("-inf"))
+        zero = fx.Float32(0.0)
+
+        # pass 1: the global max over partitions that saw a token (an empty one enters as -inf)
+        for z, m_run in range(0, num_partitions, 1, init=[ninf]):
+            i = stat0 + fx.Int32(z) * ROWS
+            m = _buffer_load(mx_rs, i * 4, 1).bitcast(fx.Float32)
+            s = _buffer_load(sm_rs, i * 4, 1).bitcast(fx.Float32)
+            res = yield [_fmax(fx.Float32(m_run[0]), fx.Float32(_select(s > 0.0, m, ninf)))]
+        gmax = fx.Float32(res)
+
+        # pass 2: weights w = l·e^(m - M), selected (not multiplied) to 0 for empty partitions,
+        # so M = -inf (all empty) never meets 0·inf
+        for z, st in range(0, num_partitions, 1, init=[zero, fx.Vector.filled(4, 0.0, fx.Float32)]):
+            i = stat0 + fx.Int32(z) * ROWS
+            m = _buffer_load(mx_rs, i * 4, 1).bitcast(fx.Float32)
+            s = _buffer_load(sm_rs, i * 4, 1).bitcast(fx.Float32)
+            o = _buffer_load(po_rs, (i * HD + d0) * 4, 4).bitcast(fx.Float32)
+            w = fx.Float32(_select(s > 0.0, s * _exp2((m - gmax) * LOG2E), zero))
+            res = yield [fx.Float32(st[0]) + w, fx.Vector(st[1]) + o * _splat4(w)]
+        den = fx.Float32(res[0])
+        inv = fx.Float32(_select(den > 0.0, _rcp(den), zero))
+        o = fx.Vector(res[1]) * _splat4(inv)
+        if r < ROWS:
+            qi = rc // G
+            orow = (seq * QL + qi) * (num_kv_heads * G) + kvh * G + (rc - qi * G)
+            _buffer_store(o.to(QDT).bitcast(fx.Int32), o_rs, (orow * HD + d0) * 2)
+
+    @flyc.jit
+    def launch(out: fx.Tensor, pmax: fx.Tensor, psum: fx.Tensor, pout: fx.Tensor,
+               num_seqs: fx.Int32, num_kv_heads: fx.Int32, num_partitions: fx.Int32,
+               stream: fx.Stream = fx.Stream(None)):
+        pa_reduce_s6(out, pmax, psum, pout, num_kv_heads, num_partitions).launch(
+            grid=(num_seqs, num_kv_heads, (ROWS + RPW - 1) // RPW), block=(REDUCE_THREADS, 1, 1), stream=stream)
+
+    return launch
+
+# %% [markdown]
+# The reduce on its own, on synthetic partials with the corner cases planted (gfx942 and gfx950,
+# emulated): partition 1 of (seq 0, KV head 0) empty for every row, every partition empty for one
+# row, and ordinary rows. It must agree with the torch model to the query dtype's rounding, with no NaN.
+
+# %% tags=["nbval-ignore-output"]
+print("backend:", backend.ensure_backend())  # "gpu" on a ROCm machine, else "emu"
+DEV = backend.device_for_tensors()
+
+# %%
+def synthetic_partials(S, kvh, NP, rows, hd, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    pmax = torch.randn(S, kvh, NP, rows, generator=g) * 4
+    psum = torch.rand(S, kvh, NP, rows, generator=g) * 50 + 1
+    pout = torch.randn(S, kvh, NP, rows, hd, generator=g)
+    for sel in ((0, 0, NP - 1), (S - 1, kvh - 1, slice(None), rows - 1)):  # an empty partition; an all-empty row
+        pmax[sel], psum[sel], pout[sel] = -6.9e29, 0.0, 0.0
+    return pmax, psum, pout
+
+
+def run_reduce(arch, pmax, psum, pout, ql, g, qdt):
+    S, kvh, NP, rows, hd = pout.shape
+    out = torch.full((S * ql, kvh * g, hd), float("nan"), dtype=qdt, device=DEV)
+    launcher = build_reduce(hd, g, ql, "bf16" if qdt == torch.bfloat16 else "f16")
+    with toolchain.target_arch(arch):
+        launcher(out, pmax.to(DEV), psum.to(DEV), pout.to(DEV), S, kvh, NP)
+    return out.cpu()
+
+
+rrows = []
+for arch in ("gfx942", "gfx950"):
+    for (S, kvh, NP, ql, g, hd, qdt) in ((2, 2, 3, 2, 5, 64, torch.float16), (1, 3, 7, 4, 8, 128, torch.bfloat16),
+                                         (2, 1, 1, 1, 4, 256, torch.float16)):
+        pm, ps, po = synthetic_partials(S, kvh, NP, ql * g, hd)
+        out = run_reduce(arch, pm, ps, po, ql, g, qdt).float()
+        want = combine_torch(pm, ps, po, ql, g)
+        err = (out - want).abs().max().item()
+        rrows.append(dict(arch=arch, seqs=S, kv_heads=kvh, partitions=NP, query_len=ql, group=g, head_dim=hd,
+                          dtype=str(qdt)[6:], max_err=f"{err:.1e}", finite=bool(torch.isfinite(out).all()),
+                          all_empty_row_is_0=bool((out[-1, -1] == 0).all())))
+print(format_table(rrows))
+assert all(r["finite"] and r["all_empty_row_is_0"] and float(r["max_err"]) < 2**-7 * 8 for r in rrows)
+
+# %% [markdown]
+# ## How many partitions?
+#
+# More partitions fill more CUs but cost something each: a partition pays chapter 5's prologue
+# (load and quantize Q, fetch the first page ids) and its four-wave merge, and writes
+# `rows × (head_dim + 2)` floats that the reduce reads back. The heuristic balances the two:
+#
+# 1. **Enough workgroups.** Without a split there are `batch × kv_heads × m_groups` workgroups.
+#    The target is `4 × CUs` of them (1216 on MI300X, 1024 on MI355X): the finished kernel runs 4–5
+#    waves per SIMD, i.e. 4 resident 4-wave workgroups per CU, so one full round of residency keeps
+#    every CU's memory pipeline busy; beyond that a split only adds partials.
+# 2. **Enough work per partition.** Every partition gets at least `MIN_TILES_PER_PARTITION = 2`
+#    tiles (512 tokens, 128 KB of K+V at head_dim 128): its 8 KB of partials (16 rows) then cost
+#    under 7 % of what it reads.
+# 3. **No idle tail.** The split is rounded so the longest sequence's tiles divide evenly:
+#    `tiles per partition = ceil(tiles / P)`, then `P = ceil(tiles / tiles per partition)`.
+#
+# The context length is read from **shapes**, not values: `block_tables.shape[1] × block_size`,
+# the most tokens any sequence can have. Reading `context_lengths` would synchronize with the GPU
+# and could not be captured in a graph, and a graph replay must launch the same grid every time.
+# Shorter sequences of the batch simply leave their last partitions empty, which the reduce handles.
+
+# %% tags=["export"]
+def choose_num_partitions(num_seqs, num_kv_heads, max_context, *, arch, head_dim=128, group=8, query_length=1):
+    """The split-K partition count for a problem shape on ``arch`` (1 = no split, no reduce).
+
+    Aims for ``WORKGROUPS_PER_CU × CU_COUNT[arch]`` workgroups of the partial kernel while giving
+    every partition at least ``MIN_TILES_PER_PARTITION`` 256-token tiles, then rounds so the
+    longest sequence's tiles split evenly (no trailing empty partition).
+    """
+    if arch not in CU_COUNT:
+        raise ValueError(f"arch: expected one of {sorted(CU_COUNT)}, got {arch!r}")
+    m_groups = s5.plan(head_dim, group, query_length)[3]
+    base = max(1, num_seqs * num_kv_heads * m_groups)
+    tiles = max(1, -(-max_context // TILE))
+    want = -(-WORKGROUPS_PER_CU * CU_COUNT[arch] // base)
+    cap = max(1, tiles // MIN_TILES_PER_PARTITION)
+    parts = max(1, min(want, cap, MAX_PARTITIONS))
+    per = -(-tiles // parts)
+    return -(-tiles // per)
+
+# %%
+hrows = []
+for batch, kvh in ((1, 8), (4, 8), (16, 8), (64, 8), (256, 8), (8, 1)):
+    row = dict(batch=batch, kv_heads=kvh)
+    for ctx in (1024, 4096, 32768):
+        for arch in ("gfx942", "gfx950"):
+            P = choose_num_partitions(batch, kvh, ctx, arch=arch)
+            row[f"{ctx // 1024}k {arch}"] = f"{P} ({batch * kvh * P / CU_COUNT[arch]:.1f}/CU)"
+    hrows.append(row)
+print("partitions (workgroups per CU), group 8, query_length 1, head_dim 128")
+print(format_table(hrows))
+
+# %% [markdown]
+# Read the table by rows. One sequence of 32k tokens on 8 KV heads: 64 partitions of 2 tiles, 1.7
+# workgroups per CU instead of 0.03. At 4k tokens the split stops at 8 (two tiles each): past
+# that, partials would cost more than the parallelism returns. A batch of 64 × 8 heads (512
+# workgroups) is topped up to ~4 per CU by a 2–3-way split; at 256 × 8 nothing splits.
+# MI355X has fewer CUs, so it splits a little less for the same problem.
+#
+# ## The workspace
+#
+# The partials of `P > 1` partitions live in one float32 buffer: `pmax`, `psum` (`S·kvh·P·rows`
+# each) and `pout` (`S·kvh·P·rows·head_dim`), carved out as views. When the caller passes it (and
+# `out`), `paged_decode` allocates nothing: every launch argument is a view of a caller tensor, so
+# the call can be captured in a CUDA/HIP graph and replayed. `make_workspace` sizes it from the same
+# shapes the call will see, with the same heuristic, so the two agree.
+
+# %% tags=["export"]
+def workspace_size(num_seqs, num_kv_heads, group, query_length, head_dim, num_partitions):
+    """float32 elements of the workspace for one problem shape and partition count
+    (1 when ``num_partitions`` is 1: a placeholder the unsplit kernel never touches)."""
+    if num_partitions <= 1:
+        return 1
+    return num_seqs * num_kv_heads * num_partitions * group * query_length * (head_dim + 2)
+
+
+def _carve(workspace, num_seqs, num_kv_heads, rows, head_dim, num_partitions):
+    shape = (num_seqs, num_kv_heads, num_partitions, rows)
+    n = num_seqs * num_kv_heads * num_partitions * rows
+    return (workspace[:n].view(shape), workspace[n:2 * n].view(shape),
+            workspace[2 * n:2 * n + n * head_dim].view(shape + (head_dim,)))
+
+# %% [markdown]
+# ## The entry point
+#
+# `paged_decode` checks every argument before anything is compiled or launched (a `TypeError` for a
+# wrong type, a `ValueError` for a wrong shape or value, each naming the argument), resolves the
+# layout options from the tensors (plain or trans-blocked V from the rank, per-tensor or per-token
+# scales from the shape, query length from the rows, f16/bf16 from the query), picks the partition
+# count, and runs chapter 5's kernel once (writing `out` directly) or twice-over (partials, then the
+# reduce). On a GPU both launches go to torch's current stream, which is what graph capture records.
+# Values are checked only on the CPU (emulator), where it is free; on a GPU, reading
+# `context_lengths` would synchronize.
+
+# %% tags=["export"]
+def _inspect(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale,
+             softmax_scale, query_length, sliding_window, arch, m_tiles):
+    """Validate the problem (no allocation for tensor arguments); -> a namespace describing it."""
+    arch = s5._resolve_arch(arch)
+    s5._int_opt(sliding_window, "sliding_window", 0)
+    if m_tiles is not None:
+        s5._int_opt(m_tiles, "m_tiles", 1, 8)
+    s5._need_tensor(query, "query")
+    if query.dtype not in s5.QUERY_DTYPES:
+        raise TypeError(f"query: expected float16 or bfloat16, got {query.dtype}")
+    if query.dim() != 3 or query.shape[2] not in s5.HEAD_DIMS or query.shape[0] == 0 or query.shape[1] == 0:
+        raise ValueError(f"query: expected [num_seqs*query_length, num_q_heads, head_dim in {s5.HEAD_DIMS}], "
+                         f"got {tuple(query.shape)}")
+    if query.stride(2) != 1:
+        raise ValueError("query: channels (dim 2) must be contiguous; rows and heads may be strided")
+    total_rows, num_q_heads, head_dim = query.shape
+    s5._need_tensor(context_lengths, "context_lengths")
+    if context_lengths.dtype != torch.int32:
+        raise TypeError(f"context_lengths: expected int32, got {context_lengths.dtype}")
+    if context_lengths.dim() != 1 or context_lengths.shape[0] == 0 or not context_lengths.is_contiguous():
+        raise ValueError(f"context_lengths: expected a contiguous [num_seqs >= 1], got {tuple(context_lengths.shape)}")
+    num_seqs = context_lengths.shape[0]
+    if query_length is None:
+        if total_rows % num_seqs:
+            raise ValueError(f"query: {total_rows} rows is not a multiple of num_seqs={num_seqs} (context_lengths)")
+        query_length = total_rows // num_seqs
+    s5._int_opt(query_length, "query_length", 1, s5.MAX_QUERY_LENGTH)
+    if total_rows != num_seqs * query_length:
+        raise ValueError(f"query: expected {num_seqs}*{query_length} rows (num_seqs*query_length), got {total_rows}")
+    s5._check_cache(key_cache, "key_cache", arch, (5,))
+    s5._check_cache(value_cache, "value_cache", arch, (4, 5))
+    if value_cache.dtype != key_cache.dtype:
+        raise TypeError(f"value_cache: dtype {value_cache.dtype} differs from key_cache dtype {key_cache.dtype}")
+    num_blocks, num_kv_heads, d16, block_size, w16 = key_cache.shape
+    if d16 * 16 != head_dim or w16 != 16:
+        raise ValueError(f"key_cache: expected blocked [num_blocks, num_kv_heads, {head_dim // 16}, block_size, 16], "
+                         f"got {tuple(key_cache.shape)}")
+    if block_size not in s5.BLOCK_SIZES:
+        raise ValueError(f"key_cache: block_size (dim 3) must be one of {s5.BLOCK_SIZES}, got {block_size}")
+    if num_blocks == 0 or num_kv_heads == 0:
+        raise ValueError(f"key_cache: empty dimension in shape {tuple(key_cache.shape)}")
+    trans_v = value_cache.dim() == 5
+    want_v = ((num_blocks, num_kv_heads, block_size // 16, head_dim, 16) if trans_v
+              else (num_blocks, num_kv_heads, head_dim, block_size))
+    if tuple(value_cache.shape) != want_v:
+        raise ValueError(f"value_cache: expected {'trans-blocked' if trans_v else 'plain'} {want_v}, "
+                         f"got {tuple(value_cache.shape)}")
+    if num_q_heads % num_kv_heads or not 1 <= num_q_heads // num_kv_heads <= s5.MAX_GROUP:
+        raise ValueError(f"query: num_q_heads={num_q_heads} must be 1..{s5.MAX_GROUP} times num_kv_heads={num_kv_heads}")
+    s5._need_tensor(block_tables, "block_tables")
+    if block_tables.dtype != torch.int32:
+        raise TypeError(f"block_tables: expected int32, got {block_tables.dtype}")
+    if block_tables.dim() != 2 or block_tables.shape[0] != num_seqs or block_tables.shape[1] == 0:
+        raise ValueError(f"block_tables: expected [{num_seqs}, max_blocks_per_seq >= 1], got {tuple(block_tables.shape)}")
+    if not block_tables.is_contiguous():
+        raise ValueError("block_tables: must be contiguous")
+    device = query.device
+    pts = (num_blocks, num_kv_heads, block_size)
+    key_scale, kpt = s5._scale(key_scale, "key_scale", device, pts)
+    value_scale, vpt = s5._scale(value_scale, "value_scale", device, pts)
+    if kpt != vpt:
+        raise ValueError("value_scale: key_scale and value_scale must both be per tensor or both per token")
+    if softmax_scale is None:
+        softmax_scale = 1.0 / math.sqrt(head_dim)
+    if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)):
+        raise TypeError(f"softmax_scale: expected a float or None, got {type(softmax_scale).__name__}")
+    if not (math.isfinite(softmax_scale) and softmax_scale > 0):
+        raise ValueError(f"softmax_scale: must be finite and > 0, got {softmax_scale}")
+    for name, x in dict(key_cache=key_cache, value_cache=value_cache, block_tables=block_tables,
+                        context_lengths=context_lengths, key_scale=key_scale, value_scale=value_scale).items():
+        if x.device != device:
+            raise ValueError(f"{name}: on {x.device}, but query is on {device}")
+    if device.type == "cpu":  # plain Python lists: the check itself allocates no tensor
+        room = block_tables.shape[1] * block_size
+        for s, n in enumerate(context_lengths.tolist()):
+            if not query_length <= n <= room:
+                raise ValueError(f"context_lengths: sequence {s} has {n} tokens; need {query_length} .. {room}")
+            for j, page in enumerate(block_tables[s, : -(-n // block_size)].tolist()):
+                if not 0 <= page < num_blocks:
+                    raise ValueError(f"block_tables: entry [{s}, {j}] = {page} is not a page id in [0, {num_blocks})")
+    span = (total_rows - 1) * query.stride(0) + (num_q_heads - 1) * query.stride(1) + head_dim
+    if span * 2 >= 2**31:
+        raise ValueError("query: too large for the kernel's 32-bit byte offsets")
+    return types.SimpleNamespace(
+        arch=arch, num_seqs=num_seqs, query_length=query_length, num_q_heads=num_q_heads, head_dim=head_dim,
+        num_kv_heads=num_kv_heads, group=num_q_heads // num_kv_heads, block_size=block_size, trans_v=trans_v,
+        per_token=kpt, key_scale=key_scale, value_scale=value_scale, softmax_scale=float(softmax_scale),
+        q_dtype=s5.QUERY_DTYPES[query.dtype], device=device, max_context=block_tables.shape[1] * block_size,
+    )
+
+
+def _partitions(p, num_partitions):
+    if num_partitions is None:
+        return choose_num_partitions(p.num_seqs, p.num_kv_heads, p.max_context, arch=p.arch, head_dim=p.head_dim,
+                                     group=p.group, query_length=p.query_length)
+    s5._int_opt(num_partitions, "num_partitions", 1, MAX_PARTITIONS)
+    return num_partitions
+
+
+def make_workspace(query, key_cache, block_tables, *, query_length=None, num_partitions=None, arch=None):
+    """A float32 workspace for ``paged_decode`` calls with these shapes (same partition choice)."""
+    for name, x in (("query", query), ("key_cache", key_cache), ("block_tables", block_tables)):
+        s5._need_tensor(x, name)
+    if query.dim() != 3 or key_cache.dim() != 5 or block_tables.dim() != 2 or block_tables.shape[0] == 0:
+        raise ValueError("query, key_cache, block_tables: expected 3, 5 and 2 dims as for paged_decode")
+    num_seqs, kvh, hd = block_tables.shape[0], key_cache.shape[1], query.shape[2]
+    ql = query.shape[0] // num_seqs if query_length is None else query_length
+    group = query.shape[1] // kvh
+    if ql < 1 or group < 1:
+        raise ValueError("query: fewer rows or heads than block_tables' sequences or key_cache's KV heads")
+    p = types.SimpleNamespace(arch=s5._resolve_arch(arch), num_seqs=num_seqs, num_kv_heads=kvh, head_dim=hd,
+                              group=group, query_length=ql, max_context=block_tables.shape[1] * key_cache.shape[3])
+    n = workspace_size(num_seqs, kvh, group, ql, hd, _partitions(p, num_partitions))
+    return torch.empty(n, dtype=torch.float32, device=query.device)
+
+
+class _Pipeline:
+    """The partial kernel and (when split) the reduce as one callable: ``compile_isa`` sees both."""
+
+    def __init__(self, steps, arch):
+        self.steps, self.arch = steps, arch
+
+    def __call__(self, stream=None):
+        for launcher, args in self.steps:
+            if stream is None:
+                launcher(*args)
+            else:
+                launcher(*args, stream=stream)
+
+    @property
+    def _mem_cache(self):  # toolchain.compile_isa clears it to force code generation
+        return types.SimpleNamespace(clear=lambda: [getattr(l, "_mem_cache", {}).clear() for l, _ in self.steps])
+
+
+def _build(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale, softmax_scale,
+           sliding_window, query_length, out, workspace, num_partitions, m_tiles, arch):
+    p = _inspect(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale,
+                 softmax_scale, query_length, sliding_window, arch, m_tiles)
+    parts = _partitions(p, num_partitions)
+    if out is None:
+        out = torch.empty((p.num_seqs * p.query_length, p.num_q_heads, p.head_dim), dtype=query.dtype, device=p.device)
+    else:
+        s5._need_tensor(out, "out")
+        if out.dtype != query.dtype or tuple(out.shape) != tuple(query.shape):
+            raise ValueError(f"out: expected {query.dtype} {tuple(query.shape)}, got {out.dtype} {tuple(out.shape)}")
+        if not out.is_contiguous() or out.device != p.device:
+            raise ValueError(f"out: must be contiguous and on {p.device}")
+    rows = p.group * p.query_length
+    need = workspace_size(p.num_seqs, p.num_kv_heads, p.group, p.query_length, p.head_dim, parts)
+    if workspace is None:
+        workspace = torch.empty(need, dtype=torch.float32, device=p.device)
+    else:
+        s5._need_tensor(workspace, "workspace")
+        if workspace.dtype != torch.float32 or workspace.dim() != 1 or not workspace.is_contiguous():
+            raise ValueError(f"workspace: expected a contiguous 1-d float32 tensor, got {workspace.dtype} "
+                             f"{tuple(workspace.shape)}")
+        if workspace.device != p.device:
+            raise ValueError(f"workspace: on {workspace.device}, but query is on {p.device}")
+        if workspace.numel() < need:
+            raise ValueError(f"workspace: {parts} partitions need {need} float32 elements, got {workspace.numel()} "
+                             f"(size it with pa_tile.make_workspace or workspace_size)")
+    if parts > 1:
+        pmax, psum, pout = _carve(workspace, p.num_seqs, p.num_kv_heads, rows, p.head_dim, parts)
+        first = (out, pmax, psum, pout)
+    else:
+        d = workspace[:1]
+        first = (out, d, d, d)
+    partial = s5.build_launcher(p.arch, p.block_size, p.head_dim, p.group, p.query_length, p.q_dtype, p.per_token,
+                                p.trans_v, sliding_window, parts, m_tiles)
+    steps = [(partial, first + (
+        query, key_cache.view(torch.uint8), value_cache.view(torch.uint8), block_tables, context_lengths,
+        p.key_scale, p.value_scale, p.num_seqs, p.num_kv_heads, block_tables.shape[1], query.stride(0),
+        query.stride(1), p.softmax_scale * LOG2E))]
+    if parts > 1:
+        reduce = build_reduce(p.head_dim, p.group, p.query_length, p.q_dtype)
+        steps.append((reduce, (out, pmax, psum, pout, p.num_seqs, p.num_kv_heads, parts)))
+    return _Pipeline(steps, p.arch), out
+
+
+def launch_args(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale, *,
+                softmax_scale=None, sliding_window=0, query_length=None, out=None, workspace=None,
+                num_partitions=None, m_tiles=None, arch=None):
+    """``(launcher, (), arch)`` after validation: ``launcher()`` runs the partial kernel and, when
+    split, the reduce; ``pa_tile.toolchain.compile_isa(launcher, arch=arch)`` returns both kernels'
+    assembly (partial kernel first)."""
+    pipe, _ = _build(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale,
+                     softmax_scale, sliding_window, query_length, out, workspace, num_partitions, m_tiles, arch)
+    return pipe, (), pipe.arch
+
+
+def paged_decode(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale, *,
+                 softmax_scale=None, sliding_window=0, query_length=None, out=None, workspace=None,
+                 num_partitions=None, m_tiles=None, arch=None):
+    """fp8 paged decode attention (the finished pa_tile kernel); returns ``out``.
+
+    ``query`` [num_seqs·query_length, num_q_heads, head_dim] f16/bf16 (row ``s·query_length + i`` is
+    draft ``i`` of sequence ``s``, the last ``query_length`` positions, causally masked; rows and
+    heads may be strided); ``key_cache`` blocked [num_blocks, num_kv_heads, head_dim//16, block_size,
+    16]; ``value_cache`` trans-blocked [num_blocks, num_kv_heads, block_size//16, head_dim, 16] or
+    plain [num_blocks, num_kv_heads, head_dim, block_size]; fp8 e4m3 of the arch (FNUZ on gfx942,
+    OCP on gfx950) or uint8 codes; ``block_tables`` [num_seqs, max_blocks] int32;
+    ``context_lengths`` [num_seqs] int32; float32 scales, both [1] or both [num_blocks,
+    num_kv_heads, block_size] (per token). ``sliding_window``: a query at position p sees tokens
+    (p - W, p] (0 = all). ``num_partitions``: split-K count (None = ``choose_num_partitions``).
+    With ``out`` and ``workspace`` (``make_workspace``) given, nothing is allocated: the call can
+    be captured in a CUDA/HIP graph. ``arch`` defaults to the GPU's (or the emulator's) target.
+    """
+    pipe, out = _build(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale,
+                       softmax_scale, sliding_window, query_length, out, workspace, num_partitions, m_tiles, arch)
+    from pa_tile import backend, toolchain
+
+    backend.ensure_backend()
+    with toolchain.target_arch(pipe.arch):
+        pipe(torch.cuda.current_stream(out.device) if out.is_cuda else None)
+    return out
+
+# %% [markdown]
+# ## Using it
+#
+# The finished kernel is `pa_tile.paged_decode` (this module's function, re-exported). Five lines,
+# with the caches built by `pa_tile.cache` from a test case (in a real server they come from the
+# KV-cache manager, already in these layouts):
+
+# %%
+import pa_tile  # noqa: E402
+
+case = cache.make_case(2, 16, 2, 128, 16, [300, 1027], fp8_format="fnuz", seed=5)
+kv = dict(key_cache=case.k_blocked(), value_cache=case.v_trans_blocked())
+out = pa_tile.paged_decode(case.query, **kv, block_tables=case.block_tables, context_lengths=case.context_lengths,
+                           key_scale=case.k_scale, value_scale=case.v_scale, arch="gfx942")
+print(out.shape, out.dtype, "max |err| vs reference:", float((out.float() - case.reference().float()).abs().max()))
+
+# %% [markdown]
+# For graph capture, allocate `out` and the workspace once and pass them every step:
+#
+# ```python
+# ws = pa_tile.make_workspace(query, key_cache, block_tables)
+# out = torch.empty_like(query)
+# g = torch.cuda.CUDAGraph()
+# with torch.cuda.graph(g):
+#     pa_tile.paged_decode(query, key_cache, value_cache, block_tables, context_lengths,
+#                          key_scale, value_scale, out=out, workspace=ws)
+# g.replay()  # after updating query / block_tables / context_lengths in place
+# ```
+#
+# A wrong argument is named before anything is compiled:
+
+# %%
+for bad, fix in ((dict(block_tables=case.block_tables.long()), "int64 block table"),
+                 (dict(workspace=torch.empty(10)), "workspace too small for the split"),
+                 (dict(num_partitions=0), "no partitions")):
+    kw = dict(key_cache=case.k_blocked(), value_cache=case.v_trans_blocked(), block_tables=case.block_tables,
+              context_lengths=case.context_lengths, key_scale=case.k_scale, value_scale=case.v_scale)
+    kw.update(bad)
+    P = kw.pop("num_partitions", 2)
+    try:
+        pa_tile.paged_decode(case.query, **kw, num_partitions=P, arch="gfx942")
+    except (TypeError, ValueError) as e:
+        print(f"{fix:36s} -> {type(e).__name__}: {e}")
+
+# %% [markdown]
+# ## Does it work? The full feature matrix
+#
+# Every option of the finished kernel, on the emulated gfx942 and gfx950 code, against the float32
+# reference: block 16/64, head_dim 64/128 (256: see below), query_length 1–4, groups 1–32, per-tensor
+# and per-token scales, f16/bf16, trans-blocked and plain V, a sliding window, a strided query, and
+# the split chosen by the heuristic (`P`) or forced. The contexts are the ragged set (1, 17, 256, 1027;
+# raised to `query_length`) with shuffled pages and `-1` in unused block-table entries; with
+# 1027 tokens (5 tiles) a split of 3 leaves the 17-token sequence two empty partitions and the
+# 1-token one two as well. Tolerance as in chapters 2 and 5: `|err| ≤ 0.1 + 2⁻⁴·|ref|`.
+
+# %%
+FMT = {"gfx942": "fnuz", "gfx950": "ocp"}
+
+
+def make(arch, bs, hd, g, ql, scales="per-tensor", qdt=torch.float16, contexts=cache.RAGGED_CONTEXTS, kvh=1, seed=1):
+    ctx = [max(c, ql) for c in contexts]
+    return cache.make_case(len(ctx), g * kvh, kvh, hd, bs, ctx, query_length=ql, fp8_format=FMT[arch], scales=scales,
+                           query_dtype=qdt, seed=seed, pad_block_id=-1)
+
+
+def inputs(case, trans_v=True, strided=False):
+    q = case.query
+    if strided:  # rows and heads strided: a view into a wider buffer
+        wide = torch.zeros(q.shape[0], q.shape[1], q.shape[2] + 32, dtype=q.dtype)
+        wide[:, :, : q.shape[2]] = q
+        q = wide[:, :, : q.shape[2]]
+    v = case.v_trans_blocked() if trans_v else case.v_plain()
+    return tuple(x.to(DEV) for x in (q, case.k_blocked(), v, case.block_tables, case.context_lengths,
+                                      case.k_scale, case.v_scale))
+
+
+MATRIX = [  # block, head_dim, group, query_length, scales, query dtype, trans V, window, strided, partitions
+    (16, 128, 8, 1, "per-tensor", torch.float16, True, 0, False, None),
+    (64, 128, 16, 1, "per-token", torch.bfloat16, True, 0, True, 3),
+    (16, 64, 32, 3, "per-token", torch.float16, False, 0, False, None),
+    (64, 64, 4, 4, "per-tensor", torch.bfloat16, True, 300, False, 5),
+    (16, 128, 5, 2, "per-tensor", torch.float16, False, 100, True, 2),
+    (64, 64, 1, 1, "per-tensor", torch.float16, True, 0, False, 1),
+]
+rows = []
+for arch in ("gfx942", "gfx950"):
+    for bs, hd, g, ql, sc, qdt, tv, w, strided, P in MATRIX:
+        case = make(arch, bs, hd, g, ql, sc, qdt)
+        args = inputs(case, tv, strided)
+        used = P or choose_num_partitions(len(cache.RAGGED_CONTEXTS), 1, args[3].shape[1] * bs, arch=arch,
+                                          head_dim=hd, group=g, query_length=ql)
+        out = pa_tile.paged_decode(*args, sliding_window=w, num_partitions=P, arch=arch).float().cpu()
+        ref = case.reference(sliding_window=w).float()
+        err = (out - ref).abs()
+        rows.append(dict(arch=arch, block=bs, head_dim=hd, group=g, query_len=ql, scales=sc, q=str(qdt)[6:],
+                         v="trans" if tv else "plain", window=w, strided=strided, P=f"{used}{'' if P else ' (auto)'}",
+                         max_err=round(float(err.max()), 4), mean_err=f"{float(err.mean()):.4f}",
+                         ok=bool((err <= 0.1 + 2**-4 * ref.abs()).all() and torch.isfinite(out).all())))
+print(format_table(rows))
+assert all(r["ok"] for r in rows)
+
+# %% [markdown]
+# Splitting must not change the answer beyond rounding: the same problem with 1, 2 and 5 partitions
+# (5 = one tile each for the 1027-token sequence). The partial outputs are rounded to float32, not
+# to the query dtype, so the split results differ from the unsplit one by at most a few f16 ulps.
+
+# %%
+case = make("gfx950", 16, 128, 8, 2, "per-token")
+outs = {P: pa_tile.paged_decode(*inputs(case), num_partitions=P, arch="gfx950").float().cpu() for P in (1, 2, 5)}
+for P in (2, 5):
+    print(f"P={P}: max |out - out(P=1)| = {float((outs[P] - outs[1]).abs().max()):.2e}")
+    assert torch.allclose(outs[P], outs[1], atol=2e-2, rtol=2**-8)
+
+# %% [markdown]
+# ## head_dim 256
+#
+# The upstream tile kernel stops at head_dim 128. Chapter 5's kernel is written for any multiple of
+# 64 channels (`head_dim/64` K chunks per lane, `head_dim/16` output chunks), and the reduce above
+# handles 256 (64 lanes per row). What does 256 cost? The output fragment of one M-tile doubles to
+# 64 registers per lane, K and V of a tile to 64 each, and the merge's LDS exchange to 16 KB:
+# measured on the compiled code (gfx942, block 16, bf16, one M-tile).
+
+# %%
+def stats_for(arch, bs, hd, g, ql, scales="per-tensor", P=1, which=0):
+    case = make(arch, bs, hd, g, ql, scales, torch.bfloat16, contexts=[20])
+    pipe, a, arch = launch_args(*inputs(case), num_partitions=P, arch=arch)
+    text = toolchain.compile_isa(pipe, *a, arch=arch)
+    return isa.IsaStats.from_asm(text, kernel=which)
+
+
+supports_256 = 256 in s5.HEAD_DIMS
+print("chapter 5's kernel accepts head_dim 256:", supports_256)
+r256 = []
+if supports_256:
+    for hd in (128, 256):
+        for sc in ("per-tensor", "per-token"):
+            st = stats_for("gfx942", 16, hd, 8, 1, sc)
+            r256.append(dict(head_dim=hd, scales=sc, vgpr=st.vgpr_unified, agpr=st.agpr, spills=st.vgpr_spill,
+                             scratch=st.scratch_bytes, lds=st.lds_bytes,
+                             waves_per_simd=isa.occupancy(st, "gfx942").waves_per_simd))
+    print(format_table(r256))
+
+# %% [markdown]
+# Measured while writing this chapter (chapter 5's kernel with 256 admitted): head_dim 256 compiles to
+# 232 registers (per tensor) and 268 (per token: 12 past the 256 architectural VGPRs, held in AGPRs),
+# no scratch, 16.5 KB LDS; 2 and 1 waves per SIMD against 4 and 3 at head_dim 128, and it matches the
+# reference in the emulator. Half the occupancy is the price of keeping a 256-channel output fragment
+# per wave; a head-dim split across waves (upstream's P·V layout) would halve it at the cost of an
+# LDS round trip per tile.
+#
+# ## Registers and occupancy against the upstream kernel
+#
+# The finished kernel is chapter 5's partial kernel (specialized per split) plus the reduce. The
+# recorded figures of FlyDSL's `pa_decode_tile` (`/work/shared/reference/upstream_pa_decode_tile_isa.md`,
+# 64 configurations, both arches, one partition) next to this kernel's **split** specialization
+# (`P = 4`, what a small batch runs; `tests/test_stage5.py` checks `P = 1` against the same figures).
+
+# %%
+UPSTREAM_ROWS = """
+gfx942 16 64 1 8 86 5 98 4|gfx942 16 64 1 16 84 5 100 4|gfx942 16 64 4 8 124 4 153 3|gfx942 16 64 4 16 171 2 198 2
+gfx942 16 128 1 8 122 4 134 3|gfx942 16 128 1 16 118 4 134 3|gfx942 16 128 4 8 178 2 198 2|gfx942 16 128 4 16 246 2 262 1
+gfx942 64 64 1 8 90 5 100 4|gfx942 64 64 1 16 90 5 104 4|gfx942 64 64 4 8 120 4 148 3|gfx942 64 64 4 16 173 2 197 2
+gfx942 64 128 1 8 118 4 126 4|gfx942 64 128 1 16 122 4 128 4|gfx942 64 128 4 8 180 2 198 2|gfx942 64 128 4 16 250 2 265 1
+gfx950 16 64 1 8 88 5 99 4|gfx950 16 64 1 16 84 5 97 4|gfx950 16 64 4 8 122 4 144 3|gfx950 16 64 4 16 170 2 189 2
+gfx950 16 128 1 8 120 4 134 3|gfx950 16 128 1 16 120 4 134 3|gfx950 16 128 4 8 176 2 200 2|gfx950 16 128 4 16 254 2 268 1
+gfx950 64 64 1 8 94 5 100 4|gfx950 64 64 1 16 92 5 104 4|gfx950 64 64 4 8 121 4 145 3|gfx950 64 64 4 16 170 2 189 2
+gfx950 64 128 1 8 122 4 126 4|gfx950 64 128 1 16 120 4 128 4|gfx950 64 128 4 8 178 2 198 2|gfx950 64 128 4 16 248 2 266 1
+"""
+UPSTREAM = {}  # (arch, block, head_dim, query_length, group, per_token) -> (VGPR+AGPR, waves/SIMD)
+for r in UPSTREAM_ROWS.replace("\n", "|").split("|"):
+    if r.strip():
+        a, bs, hd, ql, g, v0, o0, v1, o1 = r.split()
+        UPSTREAM[(a, int(bs), int(hd), int(ql), int(g), False)] = (int(v0), int(o0))
+        UPSTREAM[(a, int(bs), int(hd), int(ql), int(g), True)] = (int(v1), int(o1))
+
+up_rows = []
+for (arch, bs, hd, ql, g, tok), (uv, uo) in sorted(UPSTREAM.items()):
+    st = stats_for(arch, bs, hd, g, ql, "per-token" if tok else "per-tensor", P=4)
+    occ = isa.occupancy(st, arch).waves_per_simd
+    up_rows.append(dict(arch=arch, block=bs, head_dim=hd, query_len=ql, group=g, scales="token" if tok else "tensor",
+                        vgpr=st.vgpr_unified, upstream=uv, waves=occ, upstream_waves=uo,
+                        spill=st.vgpr_spill + st.scratch_bytes,
+                        meets="yes" if st.vgpr_unified <= uv and occ >= uo else "NO"))
+print(format_table(up_rows))
+print(sum(r["meets"] == "yes" for r in up_rows), "of", len(up_rows), "meet or beat upstream;",
+      "spills/scratch anywhere:", any(r["spill"] for r in up_rows))
+
+# %% [markdown]
+# The split adds only the partial stores after the loop, so the figures follow chapter 5's (its
+# table has the unsplit ones): ahead of upstream with several M-tiles (query_length 4); behind on
+# the 20 one-M-tile rows marked NO, by 2–6 registers at head_dim 128 per tensor (same occupancy)
+# and by 2–19 with per-token scales (one wave per SIMD less at head_dim 128, block 64), the costs
+# chapter 5 explains (a wave-private full-head-dim output fragment; per-token scales held in
+# registers). The split specialization itself costs 0–2 registers over the unsplit one. No spill anywhere.
+#
+# The reduce is small enough to never matter for occupancy:
+
+# %%
+st_red = stats_for("gfx942", 16, 128, 8, 1, P=4, which=1)
+print(isa.summary(st_red))
+
+# %% [markdown]
+# ## What the split adds to the compiled code, against chapter 5
+#
+# Same problem (gfx942, block 16, head_dim 128, group 8, one query token, bf16, per-tensor): the
+# unsplit kernel (chapter 5's output path) against the `P = 4` specialization.
+
+# %%
+print(isa.diff(stats_for("gfx942", 16, 128, 8, 1, P=1), stats_for("gfx942", 16, 128, 8, 1, P=4),
+               labels=("stage 5 (P=1)", "stage 6 (P=4)"), mnemonics=False))
+
+# %% [markdown]
+# The loop is unchanged (279 instructions both). Outside it the split computes its tile range
+# (scalar work: +27 SALU), writes float32 partials (`buffer_store_dwordx4` of 4 channels instead of
+# `dwordx2` of 4 halves: no conversion to f16, −37 VALU) and the two stats (`buffer_store_dword`).
+#
+# ## Memory traffic of one tile, split
+#
+# One sequence of 512 tokens (two tiles), block 16, head_dim 128, group 8, one query token,
+# per-tensor scales, `P = 2`: each partition walks one tile and writes its partials, then the reduce
+# reads them. The two launches of `launch_args`' pipeline are traced separately by the emulator (gfx942).
+
+# %%
+from pa_tile.emu import launch as emu_launch  # noqa: E402
+from pa_tile.emu.memory import Trace  # noqa: E402
+
+case = make("gfx942", 16, 128, 8, 1, contexts=[512])
+pipe, _, arch = launch_args(*inputs(case), num_partitions=2, arch="gfx942")
+cols = ["mnemonic", "space", "executions", "bytes", "segments", "min_segments", "max_degree", "conflict_cycles"]
+for (launcher, largs), name in zip(pipe.steps, ("partial kernel (2 workgroups, one tile each)", "reduce")):
+    trace = Trace("gfx942")
+    with emu_launch.launch_options(trace=trace), toolchain.target_arch(arch):
+        launcher(*largs)
+    print(f"--- {name}")
+    print(format_table([r for r in trace.summary() if r["space"] != "scalar"], ["line"] + cols))
+
+# %% [markdown]
+# The partial kernel reads each K and V byte of its tile once in `buffer_load_dwordx4`s (64-byte
+# segments fully used), as in chapter 5. The split costs, per partition, `rows × head_dim` floats of
+# partial output (4 KB for these 8 rows) plus 8 bytes of stats per row, written once and read back
+# once by the reduce, against 64 KB of K+V for the tile. The reduce reads the partial outputs in
+# whole 64-byte segments; its per-row stats loads are one dword that the row's 32 lanes share.
+#
+# ## What you built
+#
+# * **Chapter 1**: a readable fp8 paged-decode kernel with FlyDSL's tile API, and the tools to see
+#   its machine code (`pa_tile.isa`) and run it without a GPU (`pa_tile.emu`).
+# * **Chapter 2**: scores turned around (`K·Qᵀ`), each wave's softmax and P·V in registers, one
+#   LDS merge after the loop.
+# * **Chapters 3–4**: raw `dwordx4` loads and the blocked K / trans-blocked V layouts they want,
+#   per-token scales, head_dim 64/128, bf16, strided queries.
+# * **Chapter 5**: multi-token (MTP) decode and wide GQA in 16-row M-tiles, the phase split, exact
+#   masking (a hidden token adds exactly nothing), sliding windows.
+# * **Chapter 6**: split-K over partitions with a NaN-proof flash-combine, a partition heuristic
+#   sized to 304 / 256 CUs, and `pa_tile.paged_decode`: one validated call that allocates nothing
+#   given a workspace, so it can live inside a CUDA/HIP graph.
