@@ -151,7 +151,7 @@ MATRIX = [
     (16, 64, 32, 3, "per-token", torch.float16, False, 0, False, None),
     (64, 64, 4, 4, "per-tensor", torch.bfloat16, True, 300, False, 5),  # 5 = one tile per partition
     (16, 128, 5, 2, "per-tensor", torch.float16, False, 100, True, 2),
-    (64, 64, 1, 1, "per-tensor", torch.float16, True, 0, False, 1),  # unsplit: no reduce
+    (64, 64, 1, 1, "per-token", torch.float16, True, 0, False, 1),  # unsplit: no reduce
 ]
 
 

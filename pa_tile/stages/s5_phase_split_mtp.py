@@ -13,7 +13,7 @@ scores ``D[token, row] = K·Qᵀ``, P·V with V as A and P as B so the output fr
   ``query_length`` positions are causally masked, with an optional sliding window;
 * the phase split: every M-tile's scores and row max first, then every M-tile's exp/pack/P·V;
 * blocked K ``[nb, kvh, head_dim//16, block, 16]``, trans-blocked V ``[nb, kvh, block//16,
-  head_dim, 16]`` (or plain V ``[nb, kvh, head_dim, block]``), head_dim 64/128, f16/bf16
+  head_dim, 16]`` (or plain V ``[nb, kvh, head_dim, block]``), head_dim 64/128/256, f16/bf16
   query (any row/head strides, unit channel stride), output in the query dtype;
 * per-tensor ``[1]`` or per-token ``[nb, kvh, block]`` float32 K/V scales;
 * ``num_partitions`` (grid z) > 1 writes per-partition partial results for a reduce kernel.
@@ -36,9 +36,11 @@ from pa_tile.stages.s2_register_softmax import (
 )
 
 __all__ = ["paged_decode", "paged_decode_partials", "build_launcher", "launch_args", "plan",
-           "HEAD_DIMS", "BLOCK_SIZES", "MAX_GROUP", "MAX_QUERY_LENGTH"]
+           "HEAD_DIMS", "BLOCK_SIZES", "MAX_GROUP", "MAX_QUERY_LENGTH", "K_LAYOUT", "V_LAYOUT"]
 
-HEAD_DIMS = (64, 128)
+HEAD_DIMS = (64, 128, 256)  # 256 goes beyond the upstream tile kernel (64, 128)
+K_LAYOUT = "k_blocked"  # pa_tile.cache layout names of the caches paged_decode reads
+V_LAYOUT = "v_trans_blocked"  # (plain V is accepted too)
 BLOCK_SIZES = (16, 64)
 MAX_GROUP = 32
 MAX_QUERY_LENGTH = 4
@@ -127,13 +129,20 @@ def _row_max(s, c):
 
 def _exp_pack(s, c, m_new, log2_fp8_max, v_weight):
     """P = 2^(s·c - m_new + log2 FP8_MAX) (largest = FP8_MAX), its lane sum, and P (times the
-    per-token V weights, if any) packed as the two P·V B operands."""
+    per-token V weights ``v_weight(a)`` of lane-tokens 4a..4a+3, if any) packed as the two P·V B
+    operands."""
     shift = m_new - log2_fp8_max
     p = [_exp2(fx.Float32(s[i]) * c - shift) for i in range_constexpr(16)]
     total = _tree_sum(list(p))
-    if const_expr(v_weight is not None):
-        p = [p[i] * fx.Float32(v_weight[i]) for i in range_constexpr(16)]
-    words = [_pack_fp8(p[4 * a], p[4 * a + 1], p[4 * a + 2], p[4 * a + 3]) for a in range_constexpr(4)]
+    words = []
+    for a in range_constexpr(4):
+        q = p[4 * a:4 * a + 4]
+        if const_expr(v_weight is not None):
+            # four weights at a time, fenced: hoisted, all 16 would sit next to the 16 P values
+            fx.rocdl.sched_barrier(0)
+            w = v_weight(a)
+            q = [q[i] * fx.Float32(w[i]) for i in range_constexpr(4)]
+        words.append(_pack_fp8(q[0], q[1], q[2], q[3]))
     return [_i64(words[0], words[1]), _i64(words[2], words[3])], total
 
 
@@ -165,12 +174,13 @@ def build_launcher(arch, block_size, head_dim, group, query_length, q_dtype="f16
     PAGE_BYTES = BS * HD
     PPS = SPAN // BS  # pages per wave span: 4 (block 16) or 1 (block 64)
     V_CHUNK = 16 * (16 if trans_v or BS == 16 else BS)  # bytes between d-chunks of a V page
-    LATE_V_SCALES = HD == 128
+    SC_FLOATS = WAVES * 2 * WAVE if per_token else 4  # [wave][K scale | V weight][token]
 
     @fx.struct
     class Shared:
         stats: fx.Array[fx.Float32, MT * 2 * 16 * WAVES, 16]  # [m-tile][max | sum][row][wave]
         xchg: fx.Array[fx.Float32, WAVES * CPW * WAVE * 4, 16]  # [sender][slot][lane] x f32x4
+        scales: fx.Array[fx.Float32, SC_FLOATS, 16]
 
     @flyc.kernel(known_block_size=(WAVES * WAVE, 1, 1))
     def pa_decode_s5(
@@ -236,7 +246,7 @@ def build_launcher(arch, block_size, head_dim, group, query_length, q_dtype="f16
         else:
             k_lane = ((col // 4) * 16 + col % 4) * 16 + grp * (BS * 16)
             v_lane = grp * (HD * 16) + col * 16 if const_expr(trans_v) else col * BS + grp * 16
-        s_lane = 0 if const_expr(PPS > 1) else grp * 16  # first of the lane's 16 per-token scales
+        s_tok = col if const_expr(PPS > 1) else lane  # this lane's token of the wave's 64, on its V page
         chunk_off = [((j + CPW * wave) % NCH) * V_CHUNK for j in range_constexpr(NCH)]
         k_page_j = col // 4 if const_expr(PPS > 1) else 0
         v_page_j = grp if const_expr(PPS > 1) else 0
@@ -265,16 +275,19 @@ def build_launcher(arch, block_size, head_dim, group, query_length, q_dtype="f16
                 words.extend([v[k] for k in range_constexpr(4)])
             return fx.Vector.from_elements(words, dtype=fx.Int32)
 
-        def load_scales(rs, page):
-            voff = ((page * num_kv_heads + kvh) * BS + s_lane) * 4
-            vals = []
-            for q in range_constexpr(4):
-                v = _buffer_load(rs, voff, 4, offset=16 * q).bitcast(fx.Float32)
-                vals.extend([v[i] for i in range_constexpr(4)])
-            return vals
+        def load_scale(rs, page):
+            return _buffer_load(rs, ((page * num_kv_heads + kvh) * BS + s_tok) * 4, 1).bitcast(fx.Float32)
 
+        lds = fx.SharedAllocator().allocate(Shared).peek()
         if const_expr(per_token):
             ks_rs, vs_rs = _rsrc(key_scale), _rsrc(value_scale)
+            sc_lds = fx.recast_iter(fx.Uint8, lds.scales.ptr)
+            sc_k = wave * (2 * WAVE * 4)  # this wave's 64 K scales, then its 64 V weights
+            sc_v = sc_k + WAVE * 4
+
+            def lane_scales(base, q):
+                # 4 of the 16 values of the lane's row band (lane-tokens 4q..4q+3): a broadcast read
+                return _lds_load(sc_lds, base + grp * 64 + 16 * q, 4)
 
         zero4 = fx.Vector.filled(4, 0.0, fx.Float32)
         state = [page_id(t_start, k_page_j), page_id(t_start, v_page_j)]
@@ -283,15 +296,13 @@ def build_launcher(arch, block_size, head_dim, group, query_length, q_dtype="f16
         for t, st in range(t_start, t_end, 1, init=state):
             t = fx.Int32(t)
             k_page, v_page = st[0], st[1]
-            k_words = load_k(k_page)
-            v_words = load_v(v_page)  # in flight during phase A
             if const_expr(per_token):
-                k_sc = load_scales(ks_rs, v_page)  # the lane's 16 tokens live on its V page
-                if const_expr(not LATE_V_SCALES):
-                    v_sc = load_scales(vs_rs, v_page)
+                k_sc1 = load_scale(ks_rs, v_page)  # issued first: the oldest loads, waited for first
+                v_sc1 = load_scale(vs_rs, v_page)
+            k_words = load_k(k_page)
             k_page_next = page_id(t + 1, k_page_j)
             v_page_next = page_id(t + 1, v_page_j)
-            fx.rocdl.sched_barrier(0)  # all of the tile's loads ahead of its math
+            fx.rocdl.sched_barrier(0)  # K (and scales, page ids) ahead of phase A
 
             # ---- phase A: every M-tile's scores (turned around: lane = row, 16 tokens each)
             s_all = []
@@ -303,8 +314,44 @@ def build_launcher(arch, block_size, head_dim, group, query_length, q_dtype="f16
                             w0 = (a * NH + h) * 4 + 2 * half
                             acc = _mfma(_i64(k_words[w0], k_words[w0 + 1]), q_ops[m][2 * h + half], acc)
                     for i in range_constexpr(4):
-                        x = fx.Float32(acc[i])
-                        s_all.append(x * fx.Float32(k_sc[4 * a + i]) if const_expr(per_token) else x)
+                        s_all.append(fx.Float32(acc[i]))
+            # V is issued only now, into the registers K just freed: loaded with K, its
+            # 4·head_dim/16 registers would sit next to K, O, Q and the scores (the old peak).
+            # The row max, exp and pack below cover part of its latency; other waves the rest.
+            fx.rocdl.sched_barrier(0)
+            v_words = load_v(v_page)
+            if const_expr(per_token):
+                # one scale per lane -> LDS; the lane's 16 come back as 4 broadcast reads. Only
+                # this wave touches its slots, so no barrier (the wave's LDS ops stay in order).
+                # Tokens no row can see (past the context, before the earliest row's window)
+                # hold finite scales too; in the wave max they would shrink every real token's
+                # weight v_scale/vmax and with it P before its e4m3 rounding. 0 keeps them out
+                # (and gives them weight 0, even for a NaN scale).
+                # This lane's scales are token lane of the wave's span; the bounds move to the
+                # (uniform) right side so the loop keeps no extra per-lane token index.
+                span0 = t * TILE + wave * SPAN
+                live = lane < ctx - span0
+                if const_expr(W > 0):
+                    live = live & (lane >= ctx - (QL - 1) - W - span0)
+                v_sc1 = fx.Float32(_select(live, v_sc1, fx.Float32(0.0)))
+                vmax = v_sc1
+                for k in (1, 2, 4, 8, 16, 32):
+                    vmax = _fmax(vmax, _xor_lanes(vmax, k))
+                # one factor for all 64 tokens of the wave; a wave with no live token (or only
+                # ~0 scales) gets 1, not rcp(tiny): O is rescaled by rv·vmax every tile and
+                # O·1e30 could overflow
+                vmax = fx.Float32(_select(vmax > 1e-30, vmax, fx.Float32(1.0)))
+                rv = _rcp(vmax)
+                _lds_store(sc_lds, sc_k + lane * 4, fx.Vector.from_elements([k_sc1], dtype=fx.Float32))
+                _lds_store(sc_lds, sc_v + lane * 4, fx.Vector.from_elements([v_sc1 * rv], dtype=fx.Float32))
+                scaled = list(s_all)
+                for q in range_constexpr(4):
+                    fx.rocdl.sched_barrier(0)  # 4 scales at a time, not 16 next to V in flight
+                    k4 = lane_scales(sc_k, q)
+                    for m in range_constexpr(MT):
+                        for i in range_constexpr(4):
+                            scaled[16 * m + 4 * q + i] = s_all[16 * m + 4 * q + i] * fx.Float32(k4[i])
+                s_all = scaled
             s_all = fx.Vector.from_elements(s_all, dtype=fx.Float32)
 
             tok = t * TILE + wave * SPAN + grp * 16  # the lane's first token
@@ -323,27 +370,17 @@ def build_launcher(arch, block_size, head_dim, group, query_length, q_dtype="f16
                 m_new.append(_fmax(fx.Float32(st[M0 + m]), _row_max(s, c_qk[m])))
 
             # ---- phase B: every M-tile's exp, pack and P·V (V as A, P as B: O is [d, row])
-            v_weight = None
-            if const_expr(per_token):
-                # head_dim 128: V's scales are needed only now; loading them here keeps 16
-                # registers out of phase A's peak (K, V, O, Q and the scores all live there).
-                # At head_dim 64 the peak is elsewhere and the exposed latency buys nothing.
-                if const_expr(LATE_V_SCALES):
-                    fx.rocdl.sched_barrier(0)
-                    v_sc = load_scales(vs_rs, v_page)
-                vmax = fx.Float32(1e-30)
-                for i in range_constexpr(16):
-                    vmax = _fmax(vmax, fx.Float32(v_sc[i]))
-                vmax = _fmax(vmax, _xor_lanes(vmax, 16))
-                vmax = _fmax(vmax, _xor_lanes(vmax, 32))  # one factor for all 64 tokens of the wave
-                rv = _rcp(vmax)
-                v_weight = [fx.Float32(v_sc[i]) * rv for i in range_constexpr(16)]
+            v_weight = functools.partial(lane_scales, sc_v) if const_expr(per_token) else None
             o_next, l_next = [], []
             for m in range_constexpr(MT):
                 s = [s_all[16 * m + i] for i in range_constexpr(16)]
                 p_ops, p_sum = _exp_pack(s, c_qk[m], m_new[m], LOG2_FMAX, v_weight)
                 corr = _exp2(fx.Float32(st[M0 + m]) - m_new[m])
                 l_next.append(fx.Float32(st[L0 + m]) * corr + p_sum)
+                if const_expr(per_token):
+                    # sum P before P·V, else the 16 P values live through it next to the weights
+                    # (per tensor the compiler's order is no worse, and waits less)
+                    fx.rocdl.sched_barrier(0)
                 f4 = _splat4(corr * rv if const_expr(per_token) else corr)
                 for j in range_constexpr(NCH):
                     w = [fx.Int32(v_words[4 * j + k]) for k in range_constexpr(4)]
@@ -356,7 +393,6 @@ def build_launcher(arch, block_size, head_dim, group, query_length, q_dtype="f16
             res = yield [k_page_next, v_page_next] + o_next + m_new + l_next
 
         # ---- merge the four waves, one M-tile at a time through the same 8 KB
-        lds = fx.SharedAllocator().allocate(Shared).peek()
         stats = fx.recast_iter(fx.Uint8, lds.stats.ptr)
         xchg = fx.recast_iter(fx.Uint8, lds.xchg.ptr)
         l_w = []
@@ -499,7 +535,8 @@ def _validate(query, key_cache, value_cache, block_tables, context_lengths, key_
     if query.dtype not in QUERY_DTYPES:
         raise TypeError(f"query: expected float16 or bfloat16, got {query.dtype}")
     if query.dim() != 3 or query.shape[2] not in HEAD_DIMS or query.shape[0] == 0:
-        raise ValueError(f"query: expected [num_seqs*query_length, num_q_heads, 64 or 128], got {tuple(query.shape)}")
+        raise ValueError(f"query: expected [num_seqs*query_length, num_q_heads, one of {HEAD_DIMS}], "
+                         f"got {tuple(query.shape)}")
     if query.stride(2) != 1:
         raise ValueError("query: channels (dim 2) must be contiguous; rows and heads may be strided")
     total_rows, num_q_heads, head_dim = query.shape
@@ -630,7 +667,7 @@ def paged_decode(query, key_cache, value_cache, block_tables, context_lengths, k
                  softmax_scale=None, query_length=None, sliding_window=0, out=None, arch=None, m_tiles=None):
     """fp8 paged decode attention with MTP and GQA; returns ``out`` (shaped and typed like ``query``).
 
-    ``query`` [num_seqs·query_length, num_q_heads, 64|128] f16/bf16 (row ``s·query_length + i`` is
+    ``query`` [num_seqs·query_length, num_q_heads, 64|128|256] f16/bf16 (row ``s·query_length + i`` is
     query ``i`` of sequence ``s``; rows and heads may be strided); ``key_cache`` blocked
     [num_blocks, num_kv_heads, head_dim//16, block_size, 16]; ``value_cache`` trans-blocked
     [num_blocks, num_kv_heads, block_size//16, head_dim, 16] or plain [num_blocks, num_kv_heads,
