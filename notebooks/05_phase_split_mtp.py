@@ -1011,7 +1011,7 @@ print(format_table(reg_rows))
 #
 # ## Against the upstream tile kernel
 #
-# The recorded figures of FlyDSL's `pa_decode_tile` (`/work/shared/reference/upstream_pa_decode_tile_isa.md`,
+# The recorded figures of FlyDSL's `pa_decode_tile` (`docs/upstream_pa_decode_tile_isa.md`,
 # bf16 query, trans-blocked V, one partition) next to this kernel with its default plan, for gfx942
 # (`tests/test_stage5.py` checks all 64 configurations of both arches).
 

@@ -715,17 +715,17 @@ if supports_256:
     print(format_table(r256))
 
 # %% [markdown]
-# Measured while writing this chapter (chapter 5's kernel with 256 admitted): head_dim 256 compiles to
-# 232 registers (per tensor) and 268 (per token: 12 past the 256 architectural VGPRs, held in AGPRs),
-# no scratch, 16.5 KB LDS; 2 and 1 waves per SIMD against 4 and 3 at head_dim 128, and it matches the
-# reference in the emulator. Half the occupancy is the price of keeping a 256-channel output fragment
-# per wave; a head-dim split across waves (upstream's P·V layout) would halve it at the cost of an
-# LDS round trip per tile.
+# head_dim 256 doubles the output fragment and the K/V registers of a tile (about 75 registers more
+# than head_dim 128) and the merge's LDS exchange: 2 waves per SIMD instead of 4, no scratch, and it
+# matches the reference in the emulator (tested). Half the occupancy is the price of keeping a
+# 256-channel output fragment per wave; loading K and V in two head-dim halves, or splitting the
+# output across waves (upstream's P·V layout, at the cost of an LDS round trip per tile), would win
+# a wave back.
 #
 # ## Registers and occupancy against the upstream kernel
 #
 # The finished kernel is chapter 5's partial kernel (specialized per split) plus the reduce. The
-# recorded figures of FlyDSL's `pa_decode_tile` (`/work/shared/reference/upstream_pa_decode_tile_isa.md`,
+# recorded figures of FlyDSL's `pa_decode_tile` (`docs/upstream_pa_decode_tile_isa.md`,
 # 64 configurations, both arches, one partition) next to this kernel's **split** specialization
 # (`P = 4`, what a small batch runs; `tests/test_stage5.py` checks `P = 1` against the same figures).
 
@@ -761,11 +761,9 @@ print(sum(r["meets"] == "yes" for r in up_rows), "of", len(up_rows), "meet or be
 
 # %% [markdown]
 # The split adds only the partial stores after the loop, so the figures follow chapter 5's (its
-# table has the unsplit ones): ahead of upstream with several M-tiles (query_length 4); behind on
-# the 20 one-M-tile rows marked NO, by 2–6 registers at head_dim 128 per tensor (same occupancy)
-# and by 2–19 with per-token scales (one wave per SIMD less at head_dim 128, block 64), the costs
-# chapter 5 explains (a wave-private full-head-dim output fragment; per-token scales held in
-# registers). The split specialization itself costs 0–2 registers over the unsplit one. No spill anywhere.
+# table has the unsplit ones, and `tests/test_stage5.py` pins them): every configuration meets or
+# beats upstream, by a wide margin with several M-tiles (query_length 4), where upstream keeps a
+# bigger output fragment per wave. No spill anywhere.
 #
 # The reduce is small enough to never matter for occupancy:
 
@@ -784,7 +782,7 @@ print(isa.diff(stats_for("gfx942", 16, 128, 8, 1, P=1), stats_for("gfx942", 16, 
                labels=("stage 5 (P=1)", "stage 6 (P=4)"), mnemonics=False))
 
 # %% [markdown]
-# The loop is unchanged (279 instructions both). Outside it the split computes its tile range
+# The loop is unchanged (same instruction count, table above). Outside it the split computes its tile range
 # (scalar work: +27 SALU), writes float32 partials (`buffer_store_dwordx4` of 4 channels instead of
 # `dwordx2` of 4 halves: no conversion to f16, −37 VALU) and the two stats (`buffer_store_dword`).
 #

@@ -196,7 +196,7 @@ plt.show()
 #   current tile, which costs ~30 more VGPRs and one wave per SIMD on gfx942.
 # * **Stage 4** keeps stage 3's loop on the blocked layouts (and 128 more bytes of LDS for a
 #   padded, conflict-free merge table). **Stage 5**'s phase split returns to stage 2's budget:
-#   ~124 VGPRs, 4 waves per SIMD, the shortest loop. **Stage 6** compiles stage 5's kernel plus a
+#   ~116-124 VGPRs, 4 waves per SIMD, the shortest loop. **Stage 6** compiles stage 5's kernel plus a
 #   small reduce kernel (the table shows the main one).
 
 # %% [markdown]
@@ -275,7 +275,8 @@ plt.show()
 #   loads are as wide and as dense as the ISA allows. All stages request exactly the 64 KiB of
 #   K and V a tile holds per KV head, nothing more.
 # * **LDS.** Stage 1's softmax round trip hits 16-way bank conflicts inside the loop, thousands
-#   of stall cycles per tile. From stage 2 the loop has no LDS access; the merge after it is
+#   of stall cycles per tile. From stage 2 the loop has no LDS access (stage 5's per-token path
+#   adds a wave-private scale slot, conflict free, no barrier); the merge after it is
 #   2-way conflicted (stage 4 pads its table and makes it conflict free; stages 5 and 6 keep
 #   stage 2's merge, and stage 6 pays it once per partition: 8 cycles per tile).
 # * **Executed work.** Stage 1 executes ~3200 wave-instructions per tile; stage 2 about 750

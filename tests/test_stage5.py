@@ -324,7 +324,7 @@ def test_bad_options_are_named(kwargs, name, exc, monkeypatch):
 # ---------------------------------------------------------------------------- resources
 
 # Upstream FlyDSL pa_decode_tile (commit 11c4174d, NP=1, bf16 query, trans-blocked V), from
-# /work/shared/reference/upstream_pa_decode_tile_isa.md: (arch, block, head_dim, query_length,
+# docs/upstream_pa_decode_tile_isa.md: (arch, block, head_dim, query_length,
 # group, per_token) -> (VGPR+AGPR, waves per SIMD).
 UPSTREAM = {}
 _ROWS = """
