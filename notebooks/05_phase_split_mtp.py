@@ -1011,20 +1011,16 @@ print(format_table(reg_rows))
 #
 # ## Against the upstream tile kernel
 #
-# The recorded figures of FlyDSL's `pa_decode_tile` (`docs/upstream_pa_decode_tile_isa.md`,
-# bf16 query, trans-blocked V, one partition) next to this kernel with its default plan, for gfx942
-# (`tests/test_stage5.py` checks all 64 configurations of both arches).
+# The recorded figures of FlyDSL's `pa_decode_tile` (`pa_tile/data/upstream_pa_decode_tile_isa.md`,
+# read by `pa_tile.upstream`; bf16 query, trans-blocked V, one partition) next to this kernel with
+# its default plan, for gfx942 (`tests/test_stage5.py` checks all 64 configurations of both arches).
 
 # %%
+from pa_tile import upstream  # noqa: E402
+
 UP942 = {  # (block, head_dim, query_length, group, per_token) -> (VGPR+AGPR, waves/SIMD), upstream, gfx942
-    (16, 64, 1, 8, 0): (86, 5), (16, 64, 1, 8, 1): (98, 4), (16, 64, 1, 16, 0): (84, 5), (16, 64, 1, 16, 1): (100, 4),
-    (16, 64, 4, 8, 0): (124, 4), (16, 64, 4, 8, 1): (153, 3), (16, 64, 4, 16, 0): (171, 2), (16, 64, 4, 16, 1): (198, 2),
-    (16, 128, 1, 8, 0): (122, 4), (16, 128, 1, 8, 1): (134, 3), (16, 128, 1, 16, 0): (118, 4), (16, 128, 1, 16, 1): (134, 3),
-    (16, 128, 4, 8, 0): (178, 2), (16, 128, 4, 8, 1): (198, 2), (16, 128, 4, 16, 0): (246, 2), (16, 128, 4, 16, 1): (262, 1),
-    (64, 64, 1, 8, 0): (90, 5), (64, 64, 1, 8, 1): (100, 4), (64, 64, 1, 16, 0): (90, 5), (64, 64, 1, 16, 1): (104, 4),
-    (64, 64, 4, 8, 0): (120, 4), (64, 64, 4, 8, 1): (148, 3), (64, 64, 4, 16, 0): (173, 2), (64, 64, 4, 16, 1): (197, 2),
-    (64, 128, 1, 8, 0): (118, 4), (64, 128, 1, 8, 1): (126, 4), (64, 128, 1, 16, 0): (122, 4), (64, 128, 1, 16, 1): (128, 4),
-    (64, 128, 4, 8, 0): (180, 2), (64, 128, 4, 8, 1): (198, 2), (64, 128, 4, 16, 0): (250, 2), (64, 128, 4, 16, 1): (265, 1),
+    (r["block"], r["head_dim"], r["query_len"], r["group"], int(r["per_token"])): (r["vgpr"], r["occ"])
+    for r in upstream.tile_isa_figures() if r["arch"] == "gfx942"
 }
 up_rows = []
 for (bs, hd, ql, g, tok), (uv, uo) in UP942.items():

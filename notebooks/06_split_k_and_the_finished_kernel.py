@@ -725,27 +725,18 @@ if supports_256:
 # ## Registers and occupancy against the upstream kernel
 #
 # The finished kernel is chapter 5's partial kernel (specialized per split) plus the reduce. The
-# recorded figures of FlyDSL's `pa_decode_tile` (`docs/upstream_pa_decode_tile_isa.md`,
-# 64 configurations, both arches, one partition) next to this kernel's **split** specialization
-# (`P = 4`, what a small batch runs; `tests/test_stage5.py` checks `P = 1` against the same figures).
+# recorded figures of FlyDSL's `pa_decode_tile` (`pa_tile/data/upstream_pa_decode_tile_isa.md`, read
+# by `pa_tile.upstream`; 64 configurations, both arches, one partition) next to this kernel's
+# **split** specialization (`P = 4`, what a small batch runs; `tests/test_stage5.py` checks `P = 1`
+# against the same figures).
 
 # %%
-UPSTREAM_ROWS = """
-gfx942 16 64 1 8 86 5 98 4|gfx942 16 64 1 16 84 5 100 4|gfx942 16 64 4 8 124 4 153 3|gfx942 16 64 4 16 171 2 198 2
-gfx942 16 128 1 8 122 4 134 3|gfx942 16 128 1 16 118 4 134 3|gfx942 16 128 4 8 178 2 198 2|gfx942 16 128 4 16 246 2 262 1
-gfx942 64 64 1 8 90 5 100 4|gfx942 64 64 1 16 90 5 104 4|gfx942 64 64 4 8 120 4 148 3|gfx942 64 64 4 16 173 2 197 2
-gfx942 64 128 1 8 118 4 126 4|gfx942 64 128 1 16 122 4 128 4|gfx942 64 128 4 8 180 2 198 2|gfx942 64 128 4 16 250 2 265 1
-gfx950 16 64 1 8 88 5 99 4|gfx950 16 64 1 16 84 5 97 4|gfx950 16 64 4 8 122 4 144 3|gfx950 16 64 4 16 170 2 189 2
-gfx950 16 128 1 8 120 4 134 3|gfx950 16 128 1 16 120 4 134 3|gfx950 16 128 4 8 176 2 200 2|gfx950 16 128 4 16 254 2 268 1
-gfx950 64 64 1 8 94 5 100 4|gfx950 64 64 1 16 92 5 104 4|gfx950 64 64 4 8 121 4 145 3|gfx950 64 64 4 16 170 2 189 2
-gfx950 64 128 1 8 122 4 126 4|gfx950 64 128 1 16 120 4 128 4|gfx950 64 128 4 8 178 2 198 2|gfx950 64 128 4 16 248 2 266 1
-"""
-UPSTREAM = {}  # (arch, block, head_dim, query_length, group, per_token) -> (VGPR+AGPR, waves/SIMD)
-for r in UPSTREAM_ROWS.replace("\n", "|").split("|"):
-    if r.strip():
-        a, bs, hd, ql, g, v0, o0, v1, o1 = r.split()
-        UPSTREAM[(a, int(bs), int(hd), int(ql), int(g), False)] = (int(v0), int(o0))
-        UPSTREAM[(a, int(bs), int(hd), int(ql), int(g), True)] = (int(v1), int(o1))
+from pa_tile import upstream  # noqa: E402
+
+UPSTREAM = {  # (arch, block, head_dim, query_length, group, per_token) -> (VGPR+AGPR, waves/SIMD)
+    (r["arch"], r["block"], r["head_dim"], r["query_len"], r["group"], r["per_token"]): (r["vgpr"], r["occ"])
+    for r in upstream.tile_isa_figures()
+}
 
 up_rows = []
 for (arch, bs, hd, ql, g, tok), (uv, uo) in sorted(UPSTREAM.items()):

@@ -14,7 +14,7 @@ import flydsl.compiler as flyc
 import flydsl.expr as fx
 from flydsl.expr import gpu
 
-from pa_tile import isa, toolchain
+from pa_tile import isa, toolchain, upstream
 
 ARCHS = ("gfx942", "gfx950")
 LDS_THREADS = 256
@@ -262,24 +262,8 @@ def test_kernel_selection_in_concatenated_text(asm):
 
 # (arch, vgpr_count, lds bytes, occupancy) for every row of the upstream pa_decode_tile table
 # (256-thread workgroups); the VGPR budget bounds each one.
-UPSTREAM_ROWS = [
-    ("gfx942", 86, 6144, 5), ("gfx942", 98, 10260, 4), ("gfx942", 84, 6144, 5), ("gfx942", 100, 10260, 4),
-    ("gfx942", 124, 7552, 4), ("gfx942", 153, 11668, 3), ("gfx942", 171, 10368, 2), ("gfx942", 198, 14484, 2),
-    ("gfx942", 122, 7168, 4), ("gfx942", 134, 11284, 3), ("gfx942", 118, 7168, 4), ("gfx942", 134, 11284, 3),
-    ("gfx942", 178, 9600, 2), ("gfx942", 198, 13716, 2), ("gfx942", 246, 14464, 2), ("gfx942", 262, 18580, 1),
-    ("gfx942", 90, 6096, 5), ("gfx942", 100, 10212, 4), ("gfx942", 90, 6096, 5), ("gfx942", 104, 10212, 4),
-    ("gfx942", 120, 7504, 4), ("gfx942", 148, 11620, 3), ("gfx942", 173, 10320, 2), ("gfx942", 197, 14436, 2),
-    ("gfx942", 118, 7120, 4), ("gfx942", 126, 11236, 4), ("gfx942", 122, 7120, 4), ("gfx942", 128, 11236, 4),
-    ("gfx942", 180, 9552, 2), ("gfx942", 198, 13668, 2), ("gfx942", 250, 14416, 2), ("gfx942", 265, 18532, 1),
-    ("gfx950", 88, 6144, 5), ("gfx950", 99, 10260, 4), ("gfx950", 84, 6144, 5), ("gfx950", 97, 10260, 4),
-    ("gfx950", 122, 7552, 4), ("gfx950", 144, 11668, 3), ("gfx950", 170, 10368, 2), ("gfx950", 189, 14484, 2),
-    ("gfx950", 120, 7168, 4), ("gfx950", 134, 11284, 3), ("gfx950", 120, 7168, 4), ("gfx950", 134, 11284, 3),
-    ("gfx950", 176, 9600, 2), ("gfx950", 200, 13716, 2), ("gfx950", 254, 14464, 2), ("gfx950", 268, 18580, 1),
-    ("gfx950", 94, 6096, 5), ("gfx950", 100, 10212, 4), ("gfx950", 92, 6096, 5), ("gfx950", 104, 10212, 4),
-    ("gfx950", 121, 7504, 4), ("gfx950", 145, 11620, 3), ("gfx950", 170, 10320, 2), ("gfx950", 189, 14436, 2),
-    ("gfx950", 122, 7120, 4), ("gfx950", 126, 11236, 4), ("gfx950", 120, 7120, 4), ("gfx950", 128, 11236, 4),
-    ("gfx950", 178, 9552, 2), ("gfx950", 198, 13668, 2), ("gfx950", 248, 14416, 2), ("gfx950", 266, 18532, 1),
-]
+UPSTREAM_ROWS = [(r["arch"], r["vgpr"], r["lds"], r["occ"]) for r in upstream.tile_isa_figures()]
+assert len(UPSTREAM_ROWS) == 64
 
 
 @pytest.mark.parametrize("arch,vgpr,lds,occ", UPSTREAM_ROWS)

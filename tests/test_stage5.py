@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from pa_tile import backend, cache, isa, toolchain
+from pa_tile import backend, cache, isa, toolchain, upstream
 from pa_tile.stages import s5_phase_split_mtp as s5
 
 ARCHS = ("gfx942", "gfx950")
@@ -324,25 +324,12 @@ def test_bad_options_are_named(kwargs, name, exc, monkeypatch):
 # ---------------------------------------------------------------------------- resources
 
 # Upstream FlyDSL pa_decode_tile (commit 11c4174d, NP=1, bf16 query, trans-blocked V), from
-# docs/upstream_pa_decode_tile_isa.md: (arch, block, head_dim, query_length,
+# pa_tile/data/upstream_pa_decode_tile_isa.md: (arch, block, head_dim, query_length,
 # group, per_token) -> (VGPR+AGPR, waves per SIMD).
-UPSTREAM = {}
-_ROWS = """
-gfx942 16 64 1 8 86 5 98 4|gfx942 16 64 1 16 84 5 100 4|gfx942 16 64 4 8 124 4 153 3|gfx942 16 64 4 16 171 2 198 2
-gfx942 16 128 1 8 122 4 134 3|gfx942 16 128 1 16 118 4 134 3|gfx942 16 128 4 8 178 2 198 2|gfx942 16 128 4 16 246 2 262 1
-gfx942 64 64 1 8 90 5 100 4|gfx942 64 64 1 16 90 5 104 4|gfx942 64 64 4 8 120 4 148 3|gfx942 64 64 4 16 173 2 197 2
-gfx942 64 128 1 8 118 4 126 4|gfx942 64 128 1 16 122 4 128 4|gfx942 64 128 4 8 180 2 198 2|gfx942 64 128 4 16 250 2 265 1
-gfx950 16 64 1 8 88 5 99 4|gfx950 16 64 1 16 84 5 97 4|gfx950 16 64 4 8 122 4 144 3|gfx950 16 64 4 16 170 2 189 2
-gfx950 16 128 1 8 120 4 134 3|gfx950 16 128 1 16 120 4 134 3|gfx950 16 128 4 8 176 2 200 2|gfx950 16 128 4 16 254 2 268 1
-gfx950 64 64 1 8 94 5 100 4|gfx950 64 64 1 16 92 5 104 4|gfx950 64 64 4 8 121 4 145 3|gfx950 64 64 4 16 170 2 189 2
-gfx950 64 128 1 8 122 4 126 4|gfx950 64 128 1 16 120 4 128 4|gfx950 64 128 4 8 178 2 198 2|gfx950 64 128 4 16 248 2 266 1
-"""
-for _r in _ROWS.replace("\n", "|").split("|"):
-    if _r.strip():
-        a, bs, hd, ql, g, v0, o0, v1, o1 = _r.split()
-        key = (a, int(bs), int(hd), int(ql), int(g))
-        UPSTREAM[key + (False,)] = (int(v0), int(o0))
-        UPSTREAM[key + (True,)] = (int(v1), int(o1))
+UPSTREAM = {
+    (r["arch"], r["block"], r["head_dim"], r["query_len"], r["group"], r["per_token"]): (r["vgpr"], r["occ"])
+    for r in upstream.tile_isa_figures()
+}
 assert len(UPSTREAM) == 64
 
 # Configurations where this kernel does NOT meet the target, one "arch block head_dim
