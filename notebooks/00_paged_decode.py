@@ -21,7 +21,7 @@
 # 2. a **CPU toolchain** that compiles FlyDSL to real gfx942/gfx950 assembly (`pa_tile.toolchain`),
 # 3. **ISA inspection**: registers, LDS, occupancy and instruction mix from that assembly (`pa_tile.isa`).
 #
-# The fourth tool, the emulator that *runs* the assembly on a CPU, gets its own chapter.
+# and a fourth, introduced at the end: an **emulator** that *runs* that assembly on a CPU (`pa_tile.emu`).
 
 # %%
 import math
@@ -250,5 +250,41 @@ for v in (64, 96, 128, 168, 256, 512):
 print("scale_add:", isa.occupancy(stats["gfx942"]))
 
 # %% [markdown]
+# ## Running the assembly on a CPU
+#
+# Nobody writing this walkthrough has an AMD GPU, and neither does its CI. `pa_tile.emu` closes the
+# gap: FlyDSL's ordinary launcher is routed to an emulator that executes the compiled gfx942 /
+# gfx950 instructions, 64 lanes at a time, against the CPU tensors of the call; every memory access
+# is checked against those tensors, and an instruction it does not know stops the run by name. On
+# a ROCm machine `ensure_backend()` picks the GPU instead and the same call runs there.
+
+# %% tags=["nbval-ignore-output"]
+from pa_tile import backend  # noqa: E402
+
+print("backend:", backend.ensure_backend())
+
+# %%
+from pa_tile.emu import launch as emu_launch  # noqa: E402
+from pa_tile.emu.memory import Trace, format_table  # noqa: E402
+
+dev = backend.device_for_tensors()
+xd, yd, od = x.to(dev), y.to(dev), torch.zeros_like(x, device=dev)
+trace = Trace("gfx942")
+with emu_launch.launch_options(trace=trace):  # the trace is filled only by the emulator
+    scale_add(xd, yd, od, 2.0)
+print("max |out - (2x + y)| =", (od.cpu() - (2 * x + y)).abs().max().item())
+if backend.current_backend() == "emu":
+    executed = sum(row["count"] for row in trace.instruction_counts())
+    print(f"{executed} wave-instructions executed by {(64 // 8) * (256 // 64)} workgroups; the memory ones:")
+    print(format_table(trace.summary(), ["mnemonic", "space", "executions", "bytes", "segments", "min_segments"]))
+
+# %% [markdown]
+# Each row adds up its instruction's executions, one per wave: a `global_load_dwordx4` moves
+# 65536 B / 64 = 1 KiB per wave and touches 1024 / 64 = 16 64-byte segments each time, exactly
+# the segments that hold those bytes (the `min_segments` column): the ideal. Scalar loads (kernel
+# arguments) are listed apart; they are one per wave, not per lane. Chapters 1–7 use the same trace to count segments and LDS bank
+# conflicts of the attention kernels. What the emulator models exactly and what approximately
+# is in `pa_tile/emu/README.md`.
+#
 # Next: chapter 01 writes the first attention kernel with FlyDSL's tile API and runs its
 # compiled gfx942/gfx950 code in the emulator against this chapter's reference.
