@@ -28,7 +28,7 @@ case "${1:-}" in
   test)
     setup
     "$PY" -m pa_tile._export --check
-    "$PY" -m pytest tests --nbval notebooks/ -p no:cacheprovider "${@:2}" ;;
+    "$PY" -m pytest tests --nbval notebooks/ --nbval-sanitize-with notebooks/nbval_sanitize.cfg -p no:cacheprovider "${@:2}" ;;
   *)
     sed -n '2,8p' "$0"; exit 2 ;;
 esac

@@ -45,6 +45,7 @@
 import math
 
 import torch
+from tqdm import tqdm
 
 from pa_tile import backend, cache, isa, toolchain
 from pa_tile.emu.memory import format_table
@@ -926,7 +927,7 @@ CONFIGS = [  # block, head_dim, group, query_length, scales, query dtype, trans 
 ]
 rows = []
 for arch in ("gfx942", "gfx950"):
-    for bs, hd, g, ql, sc, qdt, tv, w, mt in CONFIGS:
+    for bs, hd, g, ql, sc, qdt, tv, w, mt in tqdm(CONFIGS, desc=f"emulate {arch}"):
         case = make(arch, bs, hd, g, ql, sc, qdt)
         out = paged_decode(*inputs(case, tv), sliding_window=w, m_tiles=mt, arch=arch).float().cpu()
         ref = case.reference(sliding_window=w).float()
@@ -1023,7 +1024,7 @@ UP942 = {  # (block, head_dim, query_length, group, per_token) -> (VGPR+AGPR, wa
     for r in upstream.tile_isa_figures() if r["arch"] == "gfx942"
 }
 up_rows = []
-for (bs, hd, ql, g, tok), (uv, uo) in UP942.items():
+for (bs, hd, ql, g, tok), (uv, uo) in tqdm(UP942.items(), desc="compile"):
     st = compiled("gfx942", bs, hd, g, ql, "per-token" if tok else "per-tensor")
     occ = isa.occupancy(st, "gfx942").waves_per_simd
     up_rows.append(dict(block=bs, head_dim=hd, query_len=ql, group=g, scales="token" if tok else "tensor",

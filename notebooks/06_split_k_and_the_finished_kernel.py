@@ -37,6 +37,7 @@
 import math
 
 import torch
+from tqdm import tqdm
 
 from pa_tile import backend, cache, isa, toolchain
 from pa_tile.emu.memory import format_table
@@ -658,7 +659,7 @@ MATRIX = [  # block, head_dim, group, query_length, scales, query dtype, trans V
 ]
 rows = []
 for arch in ("gfx942", "gfx950"):
-    for bs, hd, g, ql, sc, qdt, tv, w, strided, P in MATRIX:
+    for bs, hd, g, ql, sc, qdt, tv, w, strided, P in tqdm(MATRIX, desc=f"emulate {arch}"):
         case = make(arch, bs, hd, g, ql, sc, qdt)
         args = inputs(case, tv, strided)
         used = P or choose_num_partitions(len(cache.RAGGED_CONTEXTS), 1, args[3].shape[1] * bs, arch=arch,
@@ -739,7 +740,7 @@ UPSTREAM = {  # (arch, block, head_dim, query_length, group, per_token) -> (VGPR
 }
 
 up_rows = []
-for (arch, bs, hd, ql, g, tok), (uv, uo) in sorted(UPSTREAM.items()):
+for (arch, bs, hd, ql, g, tok), (uv, uo) in tqdm(sorted(UPSTREAM.items()), desc="compile"):
     st = stats_for(arch, bs, hd, g, ql, "per-token" if tok else "per-tensor", P=4)
     occ = isa.occupancy(st, arch).waves_per_simd
     up_rows.append(dict(arch=arch, block=bs, head_dim=hd, query_len=ql, group=g, scales="token" if tok else "tensor",

@@ -108,7 +108,7 @@ print(f"{len(all_rows)} upstream shapes: floor from {min(r['MI355X_us'] for r in
 # main loop by family, and the width of every load. `pa_tile.perf.stage_metrics` condenses it.
 
 # %%
-data = stage_metrics.collect(usable, archs=stage_metrics.ARCHS, block_sizes=stage_metrics.BLOCK_SIZES)
+data = stage_metrics.collect(usable, archs=stage_metrics.ARCHS, block_sizes=stage_metrics.BLOCK_SIZES, progress=True)
 for err in data["errors"]:
     print(f"not measured: {err['stage']} {err.get('arch', '')} {err['part']}: {err['error'][:200]}")
 static = data["static"]
