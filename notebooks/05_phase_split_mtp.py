@@ -89,7 +89,8 @@ from flydsl.expr import arith, const_expr, gpu, range_constexpr
 from pa_tile.stages.s2_register_softmax import (
     FP8_MAX, FP8_TORCH, LOG2E, MASKED, SPAN, TILE, WAVE, WAVES,
     _buffer_load, _buffer_store, _exp2, _fmax, _i64, _imax, _imin, _lds_load, _lds_store, _mfma,
-    _pack_fp8, _rcp, _rsrc, _scalar_load, _select, _splat4, _tree_sum, _uniform, _xor_lanes,
+    _need_tensor, _pack_fp8, _rcp, _resolve_arch, _rsrc, _scalar_load, _select, _splat4, _tree_sum,
+    _uniform, _xor_lanes,
 )
 
 __all__ = ["paged_decode", "paged_decode_partials", "build_launcher", "launch_args", "plan",
@@ -658,23 +659,6 @@ def build_launcher(arch, block_size, head_dim, group, query_length, q_dtype="f16
 # split-K half used by chapter 6.
 
 # %% tags=["export"]
-def _need_tensor(x, name):
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
-
-
-def _resolve_arch(arch):
-    if arch is None:
-        from pa_tile import backend
-
-        arch = backend.default_arch()
-    if not isinstance(arch, str):
-        raise TypeError(f"arch: expected a str such as 'gfx942', got {type(arch).__name__}")
-    if arch not in FP8_MAX:
-        raise ValueError(f"arch: expected one of {sorted(FP8_MAX)}, got {arch!r}")
-    return arch
-
-
 def _check_cache(x, name, arch, dims):
     _need_tensor(x, name)
     want = FP8_TORCH[arch]
