@@ -93,14 +93,16 @@ def test_unknown_stage_lists_the_available_ones(capsys):
     assert "unknown stage 's42'" in err and "available stages: " + ", ".join(STAGES) in err and "--kernel tiny" in err
 
 
-def test_known_but_missing_stage_says_so(capsys):
-    from pa_tile.stages import STAGES as KNOWN
+def test_known_but_missing_stage_says_so(capsys, monkeypatch):
+    import pa_tile.stages as stages
 
-    missing = [s for s in KNOWN if s not in STAGES]
-    if not missing:
-        pytest.skip("every stage is built in this checkout")
-    code, out, err = run(capsys, "check", "--stage", missing[-1])
-    assert code == 2 and f"stage {missing[-1]!r} is not built" in err
+    # a checkout part-way through the walkthrough: the last chapter's module is not there yet
+    present = [s for s in stages.STAGES][:-1]
+    monkeypatch.setattr(stages, "available", lambda: present)
+    missing = list(stages.STAGES)[-1]
+    code, out, err = run(capsys, "check", "--stage", missing)
+    assert code == 2 and f"stage {missing!r} is not built" in err
+    assert "available stages: " + ", ".join(present) in err
 
 
 # ---------------------------------------------------------------------------------------------
