@@ -212,20 +212,20 @@ import flydsl.expr as fx
 from flydsl.compiler.kernel_function import CompilationContext
 from flydsl.expr import arith, const_expr, gpu, range_constexpr
 
-from pa_tile.stages.s2_register_softmax import (  # unchanged from stage 2
-    FP8_MAX, FP8_TORCH, GROUP_SIZES, LOG2E, MASKED, SPAN, TILE, WAVE, WAVES,
-    _buffer_load, _buffer_store, _exp2, _fmax, _i64, _imax, _imin, _lds_load, _lds_store, _mfma,
-    _pack_fp8, _rcp, _rsrc, _scalar_load, _select, _splat4, _tree_sum, _uniform, _xor_lanes,
-    _need_tensor, _resolve_arch,
+from pa_tile import launching, problem
+from pa_tile.arch import fp8_max, fp8_torch_dtype
+from pa_tile.kernel_lib import (
+    LOG2E, MASKED, SPAN, TILE, WAVE, WAVES, buffer_load, buffer_store, exp2, fmax, i64, imax, imin, lane_coords,
+    lds_load, lds_store, mfma, pack_fp8, rcp, rsrc, scalar_load, select, splat4, tree_sum, xor_lanes,
 )
 
-__all__ = ["paged_decode", "build_launcher", "launch_args", "numerics_model", "HEAD_DIMS", "BLOCK_SIZES",
-           "GROUP_SIZES", "V_LAYOUTS", "QUERY_DTYPES"]
+__all__ = ["paged_decode", "build_launcher", "launch_args", "numerics_model", "LIMITS", "V_LAYOUTS"]
 
-HEAD_DIMS = (64, 128)
-BLOCK_SIZES = (16, 64)
-V_LAYOUTS = ("trans_blocked", "plain")
-QUERY_DTYPES = {torch.float16: "f16", torch.bfloat16: "bf16"}
+#: what the stage-4 kernel supports (``pa_tile.problem.describe`` enforces it)
+LIMITS = problem.Limits(stage="s4", head_dims=(64, 128), block_sizes=(16, 64), groups=(8, 16),
+                        query_dtypes=(torch.float16, torch.bfloat16), k_layouts=("blocked",),
+                        v_layouts=("trans_blocked", "plain"), per_token_scales=True, strided_query=True)
+V_LAYOUTS = LIMITS.v_layouts
 STATS_STRIDE = 5  # words per head row of the merge's (max, sum) table: 4 waves + 1 pad (see the notebook)
 
 
@@ -243,18 +243,18 @@ def _query_operands(q_rs, row_byte, valid, fp8_max, grp, halves, qdt):
     vals = []
     for h in range_constexpr(halves):
         for k in range_constexpr(2):
-            vals.append(_to_f32(_buffer_load(q_rs, row_byte + 32 * (grp + 4 * h), 4, offset=16 * k), qdt))
+            vals.append(_to_f32(buffer_load(q_rs, row_byte + 32 * (grp + 4 * h), 4, offset=16 * k), qdt))
     amax = fx.Float32(1e-20)
     for v in vals:
         for i in range_constexpr(8):
-            amax = _fmax(amax, fx.Float32(fx.absf(v[i])))
-    amax = _fmax(amax, _xor_lanes(amax, 16))
-    amax = _fmax(amax, _xor_lanes(amax, 32))
-    inv = fx.Float32(_select(valid, _rcp(amax) * fp8_max, fx.Float32(0.0)))
+            amax = fmax(amax, fx.Float32(fx.absf(v[i])))
+    amax = fmax(amax, xor_lanes(amax, 16))
+    amax = fmax(amax, xor_lanes(amax, 32))
+    inv = fx.Float32(select(valid, rcp(amax) * fp8_max, fx.Float32(0.0)))
     ops = []
     for v in vals:
         s = v * inv
-        ops.append(_i64(_pack_fp8(s[0], s[1], s[2], s[3]), _pack_fp8(s[4], s[5], s[6], s[7])))
+        ops.append(i64(pack_fp8(s[0], s[1], s[2], s[3]), pack_fp8(s[4], s[5], s[6], s[7])))
     return ops, amax * (1.0 / fp8_max)
 
 
@@ -262,13 +262,13 @@ def _mask_tail(s, v_words, n_valid):
     """Stage 2's tail mask for any number of V words (4 per d-chunk)."""
     ninf = fx.Float32(float("-inf"))
     s = fx.Vector.from_elements(
-        [fx.Float32(_select(n_valid > i, fx.Float32(s[i]), ninf)) for i in range_constexpr(16)], dtype=fx.Float32
+        [fx.Float32(select(n_valid > i, fx.Float32(s[i]), ninf)) for i in range_constexpr(16)], dtype=fx.Float32
     )
     masks = []
     for k in range_constexpr(4):
-        keep = _imax(_imin(n_valid - 4 * k, 4), 0)
+        keep = imax(imin(n_valid - 4 * k, 4), 0)
         partial = (fx.Int32(1) << (keep * 8 % 32)) - 1
-        masks.append(fx.Int32(_select(keep > 3, fx.Int32(-1), partial)))
+        masks.append(fx.Int32(select(keep > 3, fx.Int32(-1), partial)))
     n = v_words.numel
     return s, fx.Vector.from_elements([fx.Int32(v_words[i]) & masks[i % 4] for i in range_constexpr(n)], dtype=fx.Int32)
 
@@ -278,29 +278,29 @@ def _softmax_step(s, m_old, l_old, c_qk, log2_fp8_max, p_weight=None):
     after the sum and before the fp8 rounding: per-token V scales."""
     s_max = fx.Float32(s[0])
     for i in range_constexpr(1, 16):
-        s_max = _fmax(s_max, fx.Float32(s[i]))
+        s_max = fmax(s_max, fx.Float32(s[i]))
     m_tile = s_max * c_qk
-    m_tile = _fmax(m_tile, _xor_lanes(m_tile, 16))
-    m_tile = _fmax(m_tile, _xor_lanes(m_tile, 32))
-    m_new = _fmax(m_old, m_tile)
-    corr = _exp2(m_old - m_new)
+    m_tile = fmax(m_tile, xor_lanes(m_tile, 16))
+    m_tile = fmax(m_tile, xor_lanes(m_tile, 32))
+    m_new = fmax(m_old, m_tile)
+    corr = exp2(m_old - m_new)
     shift = m_new - log2_fp8_max
-    p = [_exp2(fx.Float32(s[i]) * c_qk - shift) for i in range_constexpr(16)]
-    l_new = l_old * corr + _tree_sum(p)
+    p = [exp2(fx.Float32(s[i]) * c_qk - shift) for i in range_constexpr(16)]
+    l_new = l_old * corr + tree_sum(p)
     if const_expr(p_weight is not None):
         p = [p[i] * fx.Float32(p_weight[i]) for i in range_constexpr(16)]
-    words = [_pack_fp8(p[4 * a], p[4 * a + 1], p[4 * a + 2], p[4 * a + 3]) for a in range_constexpr(4)]
-    return [_i64(words[0], words[1]), _i64(words[2], words[3])], corr, m_new, l_new
+    words = [pack_fp8(p[4 * a], p[4 * a + 1], p[4 * a + 2], p[4 * a + 3]) for a in range_constexpr(4)]
+    return [i64(words[0], words[1]), i64(words[2], words[3])], corr, m_new, l_new
 
 
 def _pv_step(o, v_words, p_ops, corr):
-    corr4 = _splat4(corr)
+    corr4 = splat4(corr)
     out = []
     for j in range_constexpr(len(o)):
         w = [fx.Int32(v_words[4 * j + k]) for k in range_constexpr(4)]
         acc = o[j] * corr4
-        acc = _mfma(_i64(w[0], w[1]), p_ops[0], acc)
-        acc = _mfma(_i64(w[2], w[3]), p_ops[1], acc)
+        acc = mfma(i64(w[0], w[1]), p_ops[0], acc)
+        acc = mfma(i64(w[2], w[3]), p_ops[1], acc)
         out.append(acc)
     return out
 
@@ -312,30 +312,30 @@ def _merge_waves(o, m_w, l_w, v_scale, lds, wave, lane, col, stride):
     per = len(o) // WAVES
     stats = fx.recast_iter(fx.Uint8, lds.stats.ptr)
     xchg = fx.recast_iter(fx.Uint8, lds.xchg.ptr)
-    l_w = l_w + _xor_lanes(l_w, 16)
-    l_w = l_w + _xor_lanes(l_w, 32)
-    _lds_store(stats, (col * stride + wave) * 4, fx.Vector.from_elements([m_w], dtype=fx.Float32))
-    _lds_store(stats, ((16 + col) * stride + wave) * 4, fx.Vector.from_elements([l_w], dtype=fx.Float32))
+    l_w = l_w + xor_lanes(l_w, 16)
+    l_w = l_w + xor_lanes(l_w, 32)
+    lds_store(stats, (col * stride + wave) * 4, fx.Vector.from_elements([m_w], dtype=fx.Float32))
+    lds_store(stats, ((16 + col) * stride + wave) * 4, fx.Vector.from_elements([l_w], dtype=fx.Float32))
     gpu.barrier()
     if const_expr(stride % 4 == 0):
-        m4 = _lds_load(stats, col * stride * 4, WAVES)
-        l4 = _lds_load(stats, (16 + col) * stride * 4, WAVES)
+        m4 = lds_load(stats, col * stride * 4, WAVES)
+        l4 = lds_load(stats, (16 + col) * stride * 4, WAVES)
         m4, l4 = [fx.Float32(m4[w]) for w in range(WAVES)], [fx.Float32(l4[w]) for w in range(WAVES)]
     else:  # rows are not 16-byte aligned any more: four 4-byte reads each
-        m4 = [fx.Float32(_lds_load(stats, (col * stride + w) * 4, 1)[0]) for w in range(WAVES)]
-        l4 = [fx.Float32(_lds_load(stats, ((16 + col) * stride + w) * 4, 1)[0]) for w in range(WAVES)]
-    m = _fmax(_fmax(m4[0], m4[1]), _fmax(m4[2], m4[3]))
+        m4 = [fx.Float32(lds_load(stats, (col * stride + w) * 4, 1)[0]) for w in range(WAVES)]
+        l4 = [fx.Float32(lds_load(stats, ((16 + col) * stride + w) * 4, 1)[0]) for w in range(WAVES)]
+    m = fmax(fmax(m4[0], m4[1]), fmax(m4[2], m4[3]))
     total = fx.Float32(0.0)
     for w in range_constexpr(WAVES):
-        total = total + l4[w] * _exp2(m4[w] - m)
-    o = [x * _splat4(_exp2(m_w - m) * v_scale * _rcp(total)) for x in o]
+        total = total + l4[w] * exp2(m4[w] - m)
+    o = [x * splat4(exp2(m_w - m) * v_scale * rcp(total)) for x in o]
     for r in range_constexpr(1, WAVES):
         for s in range_constexpr(per):
-            _lds_store(xchg, ((wave * per + s) * WAVE + lane) * 16, o[per * r + s])
+            lds_store(xchg, ((wave * per + s) * WAVE + lane) * 16, o[per * r + s])
         gpu.barrier()
         src = (wave + (WAVES - r)) % WAVES
         for s in range_constexpr(per):
-            o[s] = o[s] + _lds_load(xchg, ((src * per + s) * WAVE + lane) * 16, 4)
+            o[s] = o[s] + lds_load(xchg, ((src * per + s) * WAVE + lane) * 16, 4)
         if const_expr(r < WAVES - 1):
             gpu.barrier()
     return o[:per]
@@ -346,13 +346,10 @@ def _merge_waves(o, m_w, l_w, v_scale, lds, wave, lane, col, stride):
 def build_launcher(block_size: int, head_dim: int, group: int, arch: str, q_dtype: str = "f16",
                    per_token: bool = False, v_layout: str = "trans_blocked", stats_stride: int = STATS_STRIDE):
     """The ``@flyc.jit`` launcher for one specialization (``stats_stride=4``: the unpadded merge table)."""
-    if (block_size not in BLOCK_SIZES or head_dim not in HEAD_DIMS or group not in GROUP_SIZES
-            or arch not in FP8_MAX or q_dtype not in ("f16", "bf16") or v_layout not in V_LAYOUTS
-            or stats_stride < WAVES):
-        raise ValueError(f"unsupported specialization {block_size=}, {head_dim=}, {group=}, {arch=}, {q_dtype=}, "
-                         f"{v_layout=}, {stats_stride=}")
+    if stats_stride < WAVES:
+        raise ValueError(f"stats_stride: at least {WAVES} words (one per wave), got {stats_stride}")
     BS, HD, G, PT, VT = block_size, head_dim, group, bool(per_token), v_layout == "trans_blocked"
-    FMAX = FP8_MAX[arch]
+    FMAX = fp8_max(arch)
     LOG2_FMAX = math.log2(FMAX)
     PAGE_BYTES = BS * HD
     PPS = SPAN // BS  # pages per wave span
@@ -383,24 +380,20 @@ def build_launcher(block_size: int, head_dim: int, group: int, arch: str, q_dtyp
         q_head_stride: fx.Int32,
         scale_log2: fx.Float32,
     ):
-        tid = fx.Int32(gpu.thread_id("x"))
-        wave = _uniform(tid // WAVE)
-        lane = tid % WAVE
-        col = lane % 16
-        grp = lane // 16
+        tid, wave, lane, col, grp = lane_coords()
         seq = fx.Int32(gpu.block_id("x"))
         kvh = fx.Int32(gpu.block_id("y"))
-        q_rs, k_rs, v_rs, bt_rs, o_rs = (_rsrc(t) for t in (query, key_cache, value_cache, block_tables, out))
-        ctx = _scalar_load(context_lengths, seq)
-        v_scale = _scalar_load(v_norm, 0).bitcast(fx.Float32)  # per token: the largest V scale
-        q_row = (seq * q_seq_stride + (kvh * G + _imin(col, G - 1)) * q_head_stride) * 2
+        q_rs, k_rs, v_rs, bt_rs, o_rs = (rsrc(t) for t in (query, key_cache, value_cache, block_tables, out))
+        ctx = scalar_load(context_lengths, seq)
+        v_scale = scalar_load(v_norm, 0).bitcast(fx.Float32)  # per token: the largest V scale
+        q_row = (seq * q_seq_stride + (kvh * G + imin(col, G - 1)) * q_head_stride) * 2
         q_ops, q_scale = _query_operands(q_rs, q_row, col < G, FMAX, grp, HALVES, q_dtype)
         if const_expr(PT):
             c_qk = q_scale * scale_log2  # K's scale multiplies each score instead
-            ks_rs, vs_rs = _rsrc(key_scale), _rsrc(value_scale)
-            inv_vnorm = _rcp(v_scale)
+            ks_rs, vs_rs = rsrc(key_scale), rsrc(value_scale)
+            inv_vnorm = rcp(v_scale)
         else:
-            c_qk = q_scale * _scalar_load(key_scale, 0).bitcast(fx.Float32) * scale_log2
+            c_qk = q_scale * scalar_load(key_scale, 0).bitcast(fx.Float32) * scale_log2
 
         last_page = (ctx - 1) // BS
         num_tiles = (ctx + (TILE - 1)) // TILE
@@ -420,8 +413,8 @@ def build_launcher(block_size: int, head_dim: int, group: int, arch: str, q_dtyp
         v_page_j = grp if const_expr(PPS > 1) else 0
 
         def page_id(tile, j):
-            idx = _imin(tile * (TILE // BS) + wave * PPS + j, last_page)
-            return _buffer_load(bt_rs, (bt_row + idx) * 4, 1)
+            idx = imin(tile * (TILE // BS) + wave * PPS + j, last_page)
+            return buffer_load(bt_rs, (bt_row + idx) * 4, 1)
 
         def slab(page):
             return (page * num_kv_heads + kvh) * PAGE_BYTES
@@ -431,7 +424,7 @@ def build_launcher(block_size: int, head_dim: int, group: int, arch: str, q_dtyp
             words = []
             for a in range_constexpr(4):
                 for h in range_constexpr(HALVES):
-                    v = _buffer_load(k_rs, voff, 4, soffset=h * 4 * BS * 16, offset=a * 64)
+                    v = buffer_load(k_rs, voff, 4, soffset=h * 4 * BS * 16, offset=a * 64)
                     words.extend([v[i] for i in range_constexpr(4)])
             return fx.Vector.from_elements(words, dtype=fx.Int32)
 
@@ -439,7 +432,7 @@ def build_launcher(block_size: int, head_dim: int, group: int, arch: str, q_dtyp
             voff = slab(page) + v_lane
             words = []
             for j in range_constexpr(NJ):
-                v = _buffer_load(v_rs, voff, 4, soffset=chunk_off[j])
+                v = buffer_load(v_rs, voff, 4, soffset=chunk_off[j])
                 words.extend([v[k] for k in range_constexpr(4)])
             return fx.Vector.from_elements(words, dtype=fx.Int32)
 
@@ -447,7 +440,7 @@ def build_launcher(block_size: int, head_dim: int, group: int, arch: str, q_dtyp
             voff = ((page * num_kv_heads + kvh) * BS) * 4 + s_lane
             vals = []
             for k in range_constexpr(4):
-                v = _buffer_load(rs, voff, 4, offset=16 * k).bitcast(fx.Float32)
+                v = buffer_load(rs, voff, 4, offset=16 * k).bitcast(fx.Float32)
                 vals.extend([v[i] for i in range_constexpr(4)])
             return vals
 
@@ -458,7 +451,7 @@ def build_launcher(block_size: int, head_dim: int, group: int, arch: str, q_dtyp
                 for h in range_constexpr(HALVES):
                     for half in range_constexpr(2):
                         w0 = (HALVES * a + h) * 4 + 2 * half
-                        acc = _mfma(_i64(k_words[w0], k_words[w0 + 1]), q_ops[2 * h + half], acc)
+                        acc = mfma(i64(k_words[w0], k_words[w0 + 1]), q_ops[2 * h + half], acc)
                 s.extend([acc[i] for i in range_constexpr(4)])
             p_weight = None
             if const_expr(PT):
@@ -493,7 +486,7 @@ def build_launcher(block_size: int, head_dim: int, group: int, arch: str, q_dtyp
         if col < G:
             row = (seq * (num_kv_heads * G) + kvh * G + col) * (HD * 2)
             for s in range_constexpr(PER):
-                _buffer_store(mine[s].to(ODT).bitcast(fx.Int32), o_rs, row + ((PER * wave + s) * 16 + grp * 4) * 2)
+                buffer_store(mine[s].to(ODT).bitcast(fx.Int32), o_rs, row + ((PER * wave + s) * 16 + grp * 4) * 2)
 
     @flyc.jit
     def launch(
@@ -531,147 +524,21 @@ def build_launcher(block_size: int, head_dim: int, group: int, arch: str, q_dtyp
 
 
 # %% tags=["export"]
-def _check_codes(x, name, arch, dims):
-    _need_tensor(x, name)
-    want = FP8_TORCH[arch]
-    if x.dtype in FP8_TORCH.values() and x.dtype != want:
-        raise ValueError(f"{name}: {x.dtype} codes do not match {arch}, which decodes e4m3 as {want} "
-                         f"(FNUZ on gfx942, OCP on gfx950); convert the cache or pass the other arch")
-    if x.dtype not in (want, torch.uint8):
-        raise TypeError(f"{name}: expected {want} (or uint8 codes), got {x.dtype}")
-    if x.dim() != dims:
-        raise ValueError(f"{name}: expected {dims} dims, got shape {tuple(x.shape)}")
-    if not x.is_contiguous():
-        raise ValueError(f"{name}: must be contiguous")
-    if x.numel() >= 2**31:
-        raise ValueError(f"{name}: {x.numel()} bytes exceed the kernel's 32-bit byte offsets")
-
-
-def _scales(key_scale, value_scale, per_token_shape, device):
-    """-> (key_scale, value_scale, v_norm, per_token)"""
-    out = []
-    for x, name in ((key_scale, "key_scale"), (value_scale, "value_scale")):
-        if isinstance(x, (int, float)) and not isinstance(x, bool):
-            x = torch.tensor([float(x)], dtype=torch.float32, device=device)
-        _need_tensor(x, name)
-        if x.dtype != torch.float32:
-            raise TypeError(f"{name}: expected float32, got {x.dtype}")
-        if x.numel() == 1:
-            out.append((x.reshape(1).contiguous(), False))
-        elif tuple(x.shape) == per_token_shape:
-            if not x.is_contiguous():
-                raise ValueError(f"{name}: a per-token scale must be contiguous")
-            out.append((x, True))
-        else:
-            raise ValueError(f"{name}: expected shape [1] (per tensor) or {list(per_token_shape)} (per token), "
-                             f"got {tuple(x.shape)}")
-        if x.device != device:
-            raise ValueError(f"{name}: on {x.device}, but query is on {device}")
-    (ks, kpt), (vs, vpt) = out
-    if kpt != vpt:
-        raise ValueError("value_scale: key_scale and value_scale must both be per tensor or both per token")
-    if device.type == "cpu" and not (torch.isfinite(ks).all() and torch.isfinite(vs).all() and (vs > 0).all()):
-        raise ValueError("value_scale: scales must be finite, and V's > 0")
-    # per token, P is weighted by v_scale / max(v_scale) <= 1 so that it stays in fp8 range
-    v_norm = vs.amax().reshape(1) if vpt else vs
-    return ks, vs, v_norm, vpt
-
-
-def _validate(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale,
-              softmax_scale, out, arch, v_layout):
-    arch = _resolve_arch(arch)
-    if not isinstance(v_layout, str) or v_layout not in V_LAYOUTS:
-        raise ValueError(f"v_layout: expected one of {V_LAYOUTS}, got {v_layout!r}")
-    _need_tensor(query, "query")
-    if query.dtype not in QUERY_DTYPES:
-        raise TypeError(f"query: expected float16 or bfloat16, got {query.dtype}")
-    if query.dim() != 3 or query.shape[2] not in HEAD_DIMS or query.shape[0] == 0:
-        raise ValueError(f"query: expected [num_seqs >= 1, num_q_heads, 64 | 128], got {tuple(query.shape)}")
-    if query.stride(2) != 1:
-        raise ValueError(f"query: the head_dim axis must be contiguous (stride 1), got strides {query.stride()}")
-    num_seqs, num_q_heads, head_dim = query.shape
-    _check_codes(key_cache, "key_cache", arch, 5)
-    _check_codes(value_cache, "value_cache", arch, 5 if v_layout == "trans_blocked" else 4)
-    if value_cache.dtype != key_cache.dtype:
-        raise TypeError(f"value_cache: dtype {value_cache.dtype} differs from key_cache dtype {key_cache.dtype}")
-    num_blocks, num_kv_heads, d16, block_size, sixteen = key_cache.shape
-    if sixteen != 16 or d16 * 16 != head_dim:
-        raise ValueError(f"key_cache: expected K blocked [num_blocks, num_kv_heads, {head_dim // 16}, block_size, 16], "
-                         f"got {tuple(key_cache.shape)}")
-    if block_size not in BLOCK_SIZES:
-        raise ValueError(f"key_cache: block_size (dim 3) must be one of {BLOCK_SIZES}, got {block_size}")
-    if num_blocks == 0 or num_kv_heads == 0:
-        raise ValueError(f"key_cache: empty dimension in shape {tuple(key_cache.shape)}")
-    want_v = ((num_blocks, num_kv_heads, block_size // 16, head_dim, 16) if v_layout == "trans_blocked"
-              else (num_blocks, num_kv_heads, head_dim, block_size))
-    if tuple(value_cache.shape) != want_v:
-        raise ValueError(f"value_cache: expected V {v_layout} {want_v}, got {tuple(value_cache.shape)}")
-    if num_q_heads % num_kv_heads or num_q_heads // num_kv_heads not in GROUP_SIZES:
-        raise ValueError(f"query: num_q_heads={num_q_heads} must be {GROUP_SIZES[0]} or {GROUP_SIZES[1]} times "
-                         f"key_cache's num_kv_heads={num_kv_heads}")
-    group = num_q_heads // num_kv_heads
-    _need_tensor(block_tables, "block_tables")
-    if block_tables.dtype != torch.int32:
-        raise TypeError(f"block_tables: expected int32, got {block_tables.dtype}")
-    if block_tables.dim() != 2 or block_tables.shape[0] != num_seqs or block_tables.shape[1] == 0:
-        raise ValueError(f"block_tables: expected [{num_seqs}, max_blocks_per_seq >= 1], got {tuple(block_tables.shape)}")
-    _need_tensor(context_lengths, "context_lengths")
-    if context_lengths.dtype != torch.int32:
-        raise TypeError(f"context_lengths: expected int32, got {context_lengths.dtype}")
-    if tuple(context_lengths.shape) != (num_seqs,):
-        raise ValueError(f"context_lengths: expected shape ({num_seqs},), got {tuple(context_lengths.shape)}")
-    device = query.device
-    for name, x in (("key_cache", key_cache), ("value_cache", value_cache), ("block_tables", block_tables),
-                    ("context_lengths", context_lengths)):
-        if x.device != device:
-            raise ValueError(f"{name}: on {x.device}, but query is on {device}")
-    ks, vs, v_norm, per_token = _scales(key_scale, value_scale, (num_blocks, num_kv_heads, block_size), device)
-    if softmax_scale is None:
-        softmax_scale = 1.0 / math.sqrt(head_dim)
-    if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)):
-        raise TypeError(f"softmax_scale: expected a float or None, got {type(softmax_scale).__name__}")
-    if not (math.isfinite(softmax_scale) and softmax_scale > 0):
-        raise ValueError(f"softmax_scale: must be finite and > 0, got {softmax_scale}")
-    if out is None:
-        out = torch.empty(tuple(query.shape), dtype=query.dtype, device=device)
-    else:
-        _need_tensor(out, "out")
-        if out.dtype != query.dtype or tuple(out.shape) != tuple(query.shape):
-            raise ValueError(f"out: expected {query.dtype} {tuple(query.shape)}, got {out.dtype} {tuple(out.shape)}")
-        if not out.is_contiguous():
-            raise ValueError("out: must be contiguous")
-        if out.device != device:
-            raise ValueError(f"out: on {out.device}, but query is on {device}")
-    if device.type == "cpu":
-        ctx = context_lengths.to(torch.int64)
-        room = block_tables.shape[1] * block_size
-        bad = (ctx < 1) | (ctx > room)
-        if bad.any():
-            s = int(bad.nonzero()[0])
-            raise ValueError(f"context_lengths: sequence {s} has {int(ctx[s])} tokens; need 1 .. {room}")
-        used = torch.arange(block_tables.shape[1]) * block_size < ctx[:, None]
-        bt = block_tables.to(torch.int64)
-        wrong = used & ((bt < 0) | (bt >= num_blocks))
-        if wrong.any():
-            s, j = (int(i) for i in wrong.nonzero()[0])
-            raise ValueError(f"block_tables: entry [{s}, {j}] = {int(bt[s, j])} is not a page id in [0, {num_blocks})")
-    last = (num_seqs - 1) * query.stride(0) + (num_q_heads - 1) * query.stride(1) + head_dim
-    if last * 2 >= 2**31 or out.numel() * 2 >= 2**31:
-        raise ValueError("query: too large for the kernel's 32-bit byte offsets")
-    launcher = build_launcher(block_size, head_dim, group, arch, QUERY_DTYPES[query.dtype], per_token, v_layout)
-    args = (
-        out, query, key_cache.view(torch.uint8), value_cache.view(torch.uint8), block_tables.contiguous(),
-        context_lengths.contiguous(), ks, vs, v_norm,
-        num_seqs, num_kv_heads, block_tables.shape[1], query.stride(0), query.stride(1), float(softmax_scale) * LOG2E,
-    )
-    return launcher, args, arch
-
-
 def launch_args(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale, *,
                 softmax_scale=None, out=None, arch=None, v_layout="trans_blocked"):
     """``(launcher, args, arch)`` after validation: ``launcher(*args)`` runs the kernel."""
-    return _validate(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale,
-                     softmax_scale, out, arch, v_layout)
+    p = problem.describe(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale,
+                         limits=LIMITS, softmax_scale=softmax_scale, arch=arch, v_layout=v_layout)
+    ks, vs = problem.scale_tensors(p, key_scale, value_scale)
+    # per token, P is weighted by v_scale / max(v_scale) <= 1 so that it stays in fp8 range
+    v_norm = vs.amax().reshape(1) if p.per_token else vs
+    launcher = build_launcher(p.block_size, p.head_dim, p.group, p.arch, p.q_dtype, p.per_token, p.v_layout)
+    args = (
+        problem.output(p, query, out), query, key_cache.view(torch.uint8), value_cache.view(torch.uint8),
+        block_tables, context_lengths, ks, vs, v_norm,
+        p.num_seqs, p.num_kv_heads, p.max_blocks, query.stride(0), query.stride(1), p.scale_log2,
+    )
+    return launcher, args, p.arch
 
 
 def paged_decode(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale, *,
@@ -684,15 +551,11 @@ def paged_decode(query, key_cache, value_cache, block_tables, context_lengths, k
     [num_blocks, num_kv_heads, head_dim, block_size] with ``v_layout="plain"``; fp8 e4m3 of the arch's
     flavour (or uint8 codes); ``block_tables`` [num_seqs, max_blocks] int32; ``context_lengths``
     [num_seqs] int32; ``key_scale``/``value_scale`` float32 [1] or [num_blocks, num_kv_heads,
-    block_size]; ``softmax_scale`` defaults to 1/sqrt(head_dim).
+    block_size] (> 0); ``softmax_scale`` defaults to 1/sqrt(head_dim). Validation: ``pa_tile.problem``.
     """
-    from pa_tile import backend, toolchain
-
     launcher, args, arch = launch_args(query, key_cache, value_cache, block_tables, context_lengths, key_scale,
                                        value_scale, softmax_scale=softmax_scale, out=out, arch=arch, v_layout=v_layout)
-    backend.ensure_backend()
-    with toolchain.target_arch(arch):
-        launcher(*args)
+    launching.launch(launcher, args, arch=arch)
     return args[0]
 
 
@@ -710,7 +573,7 @@ def numerics_model(query, key_cache, value_cache, block_tables, context_lengths,
     (K's on each score, V's as P weights ``v_scale / max(v_scale)`` before the fp8 rounding)."""
     from pa_tile.cache import from_k_blocked, from_v_plain, from_v_trans_blocked
 
-    fmax, fp8 = FP8_MAX[arch], FP8_TORCH[arch]
+    fmax, fp8 = fp8_max(arch), fp8_torch_dtype(arch)
     num_seqs, num_q_heads, hd = query.shape
     scale = 1.0 / math.sqrt(hd) if softmax_scale is None else float(softmax_scale)
     decode = lambda x: x.view(torch.uint8).view(fp8).float()  # noqa: E731

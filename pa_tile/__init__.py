@@ -1,7 +1,9 @@
 """pa_tile: an fp8 paged-attention decode kernel for AMD Instinct GPUs, built step by step in FlyDSL.
 
 Submodules (imported on demand, so ``import pa_tile`` stays cheap):
-``toolchain`` (compile on a CPU), ``isa`` (static facts of compiled code), ``reference`` and
+``arch`` (gfx942/gfx950 facts), ``problem`` (the one validation step), ``kernel_lib`` (the
+device helpers the chapters share), ``launching`` (compile once, launch on the tensors' device and
+stream), ``api`` (``plan``/``paged_decode``/the torch op), ``toolchain`` (compile on a CPU), ``isa`` (static facts of compiled code), ``reference`` and
 ``cache`` (the float32 reference, cases and cache layouts), ``emu`` (the CPU emulator of
 gfx942/gfx950 machine code), ``backend`` (GPU or emulator), ``stages`` (the kernels), ``perf`` (roofline, traces,
 benchmarks), ``upstream`` (the recorded figures of the kernel this walkthrough retraces).
@@ -11,12 +13,13 @@ __version__ = "0.1.0"
 
 import importlib as _importlib
 
-_SUBMODULES = ("toolchain", "isa", "reference", "cache", "emu", "backend", "stages", "perf", "upstream", "tiny_kernels")
+_SUBMODULES = ("toolchain", "isa", "reference", "cache", "emu", "backend", "stages", "perf", "upstream", "tiny_kernels",
+               "arch", "problem", "kernel_lib", "launching", "api", "show")
 
 
-#: the finished kernel's API, re-exported lazily from the last chapter's module
-_API = {name: "pa_tile.stages.s6_split_k" for name in ("paged_decode", "make_workspace", "workspace_size",
-                                                         "choose_num_partitions")}
+#: the finished kernel's API, re-exported lazily from ``pa_tile.api``
+_API = {name: "pa_tile.api" for name in ("paged_decode", "plan", "Plan", "make_workspace", "workspace_size",
+                                          "choose_num_partitions")}
 
 
 def __getattr__(name):

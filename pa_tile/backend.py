@@ -97,7 +97,10 @@ def set_backend(name: Optional[str]) -> None:
 
 
 def current_backend() -> str:
-    """``"gpu"`` or ``"emu"`` (see the module docstring for how it is chosen)."""
+    """``"gpu"`` or ``"emu"`` (see the module docstring for how it is chosen; a
+    :class:`simulate_gpu` block is ``gpu``)."""
+    if _simulated is not None:
+        return "gpu"
     if _override is not None:
         choice, source = _override, "set_backend()"
     else:
@@ -116,7 +119,7 @@ def current_backend() -> str:
 def ensure_backend() -> str:
     """Make the chosen backend usable (installs the emulator hook for ``emu``); returns its name."""
     backend = current_backend()
-    if backend == "emu":
+    if backend == "emu" and _simulated is None:
         from . import toolchain
         from .emu import launch
 
@@ -133,7 +136,7 @@ def default_arch() -> str:
     if current_backend() == "gpu":
         import torch
 
-        return torch.cuda.get_device_properties(0).gcnArchName.split(":", 1)[0]
+        return device_arch(torch.device("cuda"))
     from .emu import launch
 
     return launch.current_arch()
@@ -142,3 +145,80 @@ def default_arch() -> str:
 def device_for_tensors() -> str:
     """The torch device kernel arguments live on: ``"cuda"`` on gpu (ROCm torch), ``"cpu"`` on emu."""
     return "cuda" if current_backend() == "gpu" else "cpu"
+
+
+# ---------------------------------------------------------------------------------------------
+# device facts: what the tensors' device is, read from the device (never a table on a GPU)
+
+_simulated = None  # a SimulatedGPU while simulate_gpu() is active
+
+
+def device_arch(device) -> Optional[str]:
+    """The gfx arch of a GPU ``device`` (``torch.device``, str or tensor), or ``None`` for the CPU
+    (where the emulator runs whatever arch is asked for)."""
+    import torch
+
+    if isinstance(device, torch.Tensor):
+        device = device.device
+    device = torch.device(device)
+    if device.type != "cuda":
+        return None
+    if _simulated is not None:
+        return _simulated.arch
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return torch.cuda.get_device_properties(index).gcnArchName.split(":", 1)[0]
+
+
+def cu_count(device, arch: str) -> int:
+    """Compute units of ``device``: the GPU's own count (MI300A, MI308X and MI325X differ from
+    MI300X), or for CPU tensors the flagship part of ``arch`` (``pa_tile.arch``) the emulator
+    stands in for."""
+    import torch
+
+    from . import arch as _arch
+
+    device = torch.device(device)
+    if device.type != "cuda":
+        return _arch.info(arch).cu_count
+    if _simulated is not None:
+        return _simulated.cu_count
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return int(torch.cuda.get_device_properties(index).multi_processor_count)
+
+
+class SimulatedGPU:
+    """A GPU that is not there: ``device_arch``/``cu_count`` answer for it, and every kernel launch
+    (``pa_tile.launching``) checks that each tensor argument is on a ``cuda`` device and that the
+    kernel was compiled for this arch, records the launch, and does nothing else. With
+    ``FakeTensorMode`` providing ``cuda`` tensors, it proves on a CPU what a ROCm run would see."""
+
+    def __init__(self, arch: str = "gfx942", cu_count: Optional[int] = None):
+        from . import arch as _arch
+
+        self.arch = _arch.check_arch(arch)
+        self.cu_count = cu_count if cu_count is not None else _arch.info(self.arch).cu_count
+        self.launches: list = []  # (kernel name, arch, grid-less summary of the arguments)
+
+
+def simulated_gpu() -> Optional[SimulatedGPU]:
+    """The active :class:`SimulatedGPU`, if any."""
+    return _simulated
+
+
+class simulate_gpu:
+    """``with simulate_gpu("gfx950") as gpu: ...``: the backend is ``gpu`` and launches are checked
+    no-ops (see :class:`SimulatedGPU`); ``gpu.launches`` lists what would have run."""
+
+    def __init__(self, arch: str = "gfx942", cu_count: Optional[int] = None):
+        self.gpu = SimulatedGPU(arch, cu_count)
+
+    def __enter__(self) -> SimulatedGPU:
+        global _simulated
+        self._saved = _simulated
+        _simulated = self.gpu
+        return self.gpu
+
+    def __exit__(self, *exc):
+        global _simulated
+        _simulated = self._saved
+        return False

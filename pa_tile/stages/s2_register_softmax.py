@@ -12,6 +12,7 @@ Layouts (see ``pa_tile.cache``): query ``[num_seqs, num_q_heads, 128]`` f16; K c
 ``[num_blocks, num_kv_heads, block_size, 128]`` and V cache ``[num_blocks, num_kv_heads, 128,
 block_size]`` fp8 e4m3 (``float8_e4m3fnuz`` on gfx942, ``float8_e4m3fn`` on gfx950, or uint8
 codes); per-tensor float32 scales ``[1]``; ``block_size`` 16 or 64; 8 or 16 query heads per KV head.
+The building blocks live in ``pa_tile.kernel_lib``; this module adds the kernel and its launcher.
 """
 
 import functools
@@ -21,250 +22,27 @@ import torch
 
 import flydsl.compiler as flyc
 import flydsl.expr as fx
-from flydsl._mlir import ir
 from flydsl.compiler.kernel_function import CompilationContext
 from flydsl.expr import arith, const_expr, gpu, range_constexpr
-from flydsl.expr.typing import T
 
-__all__ = ["paged_decode", "build_launcher", "launch_args", "HEAD_DIM", "BLOCK_SIZES", "GROUP_SIZES"]
+from pa_tile import launching, problem
+from pa_tile.arch import fp8_max, fp8_torch_dtype
+from pa_tile.kernel_lib import (
+    HEAD_DIM, LOG2E, MASKED, SPAN, TILE, WAVE, WAVES, buffer_load, buffer_store, i64, imin, lane_coords,
+    mask_tail, merge_waves, mfma, pv_step, query_operands, rsrc, scalar_load, softmax_step,
+)
 
-HEAD_DIM = 128
-BLOCK_SIZES = (16, 64)
-GROUP_SIZES = (8, 16)
-WAVE = 64
-WAVES = 4
-TILE = 256  # tokens per loop iteration, for the whole workgroup
-SPAN = TILE // WAVES  # tokens of each tile one wave owns
-FP8_MAX = {"gfx942": 240.0, "gfx950": 448.0}  # largest e4m3 magnitude: FNUZ / OCP
-FP8_TORCH = {"gfx942": torch.float8_e4m3fnuz, "gfx950": torch.float8_e4m3fn}
-LOG2E = 1.4426950408889634
-# A finite "minus infinity" for the running max: MASKED - MASKED is 0 (never NaN) and
-# exp2(MASKED - m) is 0 for any real m.
-MASKED = -1.0e30
-# Scores are never NaN, so max may lower to a bare v_max (no NaN canonicalization).
-NNAN = arith.FastMathFlags.nnan
+__all__ = ["paged_decode", "build_launcher", "launch_args", "kernel_args", "numerics_model", "LIMITS"]
 
-
-def _ir(x):
-    return x.ir_value() if hasattr(x, "ir_value") else x
-
-
-def _rsrc(tensor):
-    """Buffer resource (V#) over a tensor: base address and size in four SGPRs."""
-    return fx.rocdl.get_buffer_rsrc(fx.get_iter(fx.rocdl.make_buffer_tensor(tensor)))
-
-
-def _buffer_load(rsrc, voffset, dwords, soffset=0, offset=0):
-    """`dwords` 32-bit words per lane at byte rsrc + soffset (SGPR) + voffset (VGPR) + offset (imm)."""
-    ty = T.i32 if dwords == 1 else T.vec(dwords, T.i32)
-    v = fx.rocdl.raw_ptr_buffer_load(ty, rsrc, _ir(fx.Int32(voffset) + offset), _ir(fx.Int32(soffset)), aux=0)
-    return fx.Int32(v) if dwords == 1 else fx.Vector(v)
-
-
-def _buffer_store(value, rsrc, voffset):
-    aux = ir.IntegerAttr.get(T.i32, 0)
-    fx.rocdl.raw_ptr_buffer_store(_ir(value), rsrc, _ir(fx.Int32(voffset)), _ir(fx.Int32(0)), aux=aux)
-
-
-def _scalar_load(tensor, index):
-    """One 32-bit word of `tensor` into an SGPR; `index` (in words) must be wave-uniform."""
-    return fx.Int32(fx.rocdl.s_buffer_load(fx.get_iter(fx.rocdl.make_buffer_tensor(tensor)), index))
-
-
-def _uniform(x):
-    return fx.Int32(fx.rocdl.readfirstlane(T.i32, _ir(x)))
-
-
-def _select(cond, a, b):
-    return arith.select(_ir(cond), _ir(a), _ir(b))
-
-
-def _imin(a, b):
-    return fx.Int32(arith.minsi(_ir(fx.Int32(a)), _ir(fx.Int32(b))))
-
-
-def _imax(a, b):
-    return fx.Int32(arith.maxsi(_ir(fx.Int32(a)), _ir(fx.Int32(b))))
-
-
-def _fmax(a, b):
-    return fx.Float32(fx.maxnumf(a, b, fastmath=NNAN))
-
-
-def _exp2(x):
-    """v_exp_f32: 2^x to about 1 ulp, 0 for very negative x."""
-    return fx.Float32(fx.rocdl.exp2(T.f32, _ir(fx.Float32(x))))
-
-
-def _rcp(x):
-    return fx.Float32(fx.rocdl.rcp(T.f32, _ir(fx.Float32(x))))
-
-
-def _xor_lanes(x, k):
-    """`x` of lane (lane ^ k)."""
-    return fx.Float32(x).shuffle_xor(k, WAVE)
-
-
-def _pack_fp8(a, b, c, d):
-    """Four f32 -> one dword of fp8 codes, `a` in the low byte; round to nearest even."""
-    lo = fx.rocdl.cvt_pk_fp8_f32(T.i32, a, b, fx.Int32(0), False)
-    return fx.Int32(fx.rocdl.cvt_pk_fp8_f32(T.i32, c, d, lo, True))
-
-
-def _i64(lo, hi):
-    """Two dwords -> one 64-bit MFMA operand (eight fp8 codes, `lo` first)."""
-    return fx.Vector.from_elements([lo, hi], dtype=fx.Int32).bitcast(fx.Int64)[0]
-
-
-def _mfma(a, b, c):
-    """D = A·B + C on the 16x16x32 fp8 MFMA; a, b: i64 (8 codes per lane), c: f32x4."""
-    return fx.Vector(fx.rocdl.mfma_f32_16x16x32_fp8_fp8(T.f32x4, [a, b, c]))
-
-
-def _splat4(x):
-    return fx.Vector.from_elements([x] * 4, dtype=fx.Float32)
-
-
-def _lds_ptr(base_u8, byte_off, floats):
-    p = fx.add_offset(base_u8, fx.make_int_tuple(fx.Int32(byte_off)))
-    # alignment = access size, so a 4-float access becomes one ds_read/write_b128
-    return fx.recast_iter(fx.PointerType.get(fx.Float32.ir_type, fx.AddressSpace.Shared, 4 * floats), p)
-
-
-def _lds_store(base_u8, byte_off, vec):
-    fx.ptr_store(vec, _lds_ptr(base_u8, byte_off, vec.numel))
-
-
-def _lds_load(base_u8, byte_off, floats):
-    ty = fx.Vector.make_type(floats, fx.Float32)
-    return fx.Vector(fx.ptr_load(_lds_ptr(base_u8, byte_off, floats), result_type=ty))
-
-
-def _query_operands(q_rs, head, valid, fp8_max, grp):
-    """Load, quantize and pack this lane's share of Q as the four B operands of Q·Kᵀ.
-
-    Returns ``(ops, q_scale)``: ``ops[2h + half]`` holds channels ``16(grp + 4h) + 8·half .. +8``
-    of query row ``head`` as fp8 codes (zeros where ``valid`` is false: padding heads).
-    """
-    row = head * (HEAD_DIM * 2)
-    vals = []
-    for h in range_constexpr(2):
-        d0 = 16 * (grp + 4 * h)
-        for half in range_constexpr(2):
-            v = _buffer_load(q_rs, row + d0 * 2, 4, offset=16 * half)
-            vals.append(v.bitcast(fx.Float16).to(fx.Float32))
-    amax = fx.Float32(1e-20)  # an all-zero row gets a tiny positive scale, never 0 or inf
-    for v in vals:
-        for i in range_constexpr(8):
-            amax = _fmax(amax, fx.Float32(fx.absf(v[i])))
-    amax = _fmax(amax, _xor_lanes(amax, 16))
-    amax = _fmax(amax, _xor_lanes(amax, 32))
-    inv = fx.Float32(_select(valid, _rcp(amax) * fp8_max, fx.Float32(0.0)))
-    ops = []
-    for v in vals:
-        s = v * inv
-        ops.append(_i64(_pack_fp8(s[0], s[1], s[2], s[3]), _pack_fp8(s[4], s[5], s[6], s[7])))
-    return ops, amax * (1.0 / fp8_max)
-
-
-def _mask_tail(s, v_words, n_valid):
-    """Last tile only: scores of tokens at or past the context -> -inf, their V bytes -> 0.
-
-    ``s[4a + i]`` is wave-token ``16g + 4a + i``; ``v_words[4j + k]`` holds those tokens'
-    bytes ``4k .. 4k+3`` for d-chunk ``j``; ``n_valid`` = tokens of the lane's 16 inside.
-    """
-    ninf = fx.Float32(float("-inf"))
-    s = fx.Vector.from_elements(
-        [fx.Float32(_select(n_valid > i, fx.Float32(s[i]), ninf)) for i in range_constexpr(16)], dtype=fx.Float32
-    )
-    masks = []
-    for k in range_constexpr(4):
-        keep = _imax(_imin(n_valid - 4 * k, 4), 0)  # bytes of dword k to keep: 0..4
-        partial = (fx.Int32(1) << (keep * 8 % 32)) - 1
-        masks.append(fx.Int32(_select(keep > 3, fx.Int32(-1), partial)))
-    v_words = fx.Vector.from_elements(
-        [fx.Int32(v_words[i]) & masks[i % 4] for i in range_constexpr(32)], dtype=fx.Int32
-    )
-    return s, v_words
-
-
-def _tree_sum(xs):
-    """Pairwise sum: log2(n) dependent adds instead of n."""
-    while len(xs) > 1:
-        xs = [xs[i] + xs[i + 1] for i in range(0, len(xs), 2)]
-    return xs[0]
-
-
-def _softmax_step(s, m_old, l_old, c_qk, log2_fp8_max):
-    """One tile of the online softmax for this lane's 16 raw scores ``s``.
-
-    Returns ``(p_ops, corr, m_new, l_new)``: ``p_ops`` are the two P·V B operands (8 fp8
-    codes each, tokens ``16g .. 16g+7`` and ``16g+8 .. 16g+15``).
-    """
-    s_max = fx.Float32(s[0])
-    for i in range_constexpr(1, 16):
-        s_max = _fmax(s_max, fx.Float32(s[i]))
-    m_tile = s_max * c_qk  # c_qk > 0, so the max commutes with the scaling
-    m_tile = _fmax(m_tile, _xor_lanes(m_tile, 16))
-    m_tile = _fmax(m_tile, _xor_lanes(m_tile, 32))
-    m_new = _fmax(m_old, m_tile)
-    corr = _exp2(m_old - m_new)
-    shift = m_new - log2_fp8_max
-    p = [_exp2(fx.Float32(s[i]) * c_qk - shift) for i in range_constexpr(16)]
-    l_new = l_old * corr + _tree_sum(p)
-    words = [_pack_fp8(p[4 * a], p[4 * a + 1], p[4 * a + 2], p[4 * a + 3]) for a in range_constexpr(4)]
-    return [_i64(words[0], words[1]), _i64(words[2], words[3])], corr, m_new, l_new
-
-
-def _pv_step(o, v_words, p_ops, corr):
-    """O_j = O_j · corr + V_j · P for the 8 d-chunk slots of this wave."""
-    corr4 = _splat4(corr)
-    out = []
-    for j in range_constexpr(8):
-        w = [fx.Int32(v_words[4 * j + k]) for k in range_constexpr(4)]
-        acc = o[j] * corr4
-        acc = _mfma(_i64(w[0], w[1]), p_ops[0], acc)
-        acc = _mfma(_i64(w[2], w[3]), p_ops[1], acc)
-        out.append(acc)
-    return out
-
-
-def _merge_waves(o, m_w, l_w, v_scale, lds, wave, lane, col, grp):
-    """Combine the four waves' (max, sum, O); returns d-chunks 2·wave and 2·wave+1, normalized."""
-    stats = fx.recast_iter(fx.Uint8, lds.stats.ptr)
-    xchg = fx.recast_iter(fx.Uint8, lds.xchg.ptr)
-    l_w = l_w + _xor_lanes(l_w, 16)
-    l_w = l_w + _xor_lanes(l_w, 32)
-    # stats: [max | sum][head][wave]; the 4 lanes of a head write the same value to the same word
-    _lds_store(stats, (col * WAVES + wave) * 4, fx.Vector.from_elements([m_w], dtype=fx.Float32))
-    _lds_store(stats, ((16 + col) * WAVES + wave) * 4, fx.Vector.from_elements([l_w], dtype=fx.Float32))
-    gpu.barrier()
-    m4 = _lds_load(stats, col * WAVES * 4, WAVES)
-    l4 = _lds_load(stats, (16 + col) * WAVES * 4, WAVES)
-    m = _fmax(_fmax(fx.Float32(m4[0]), fx.Float32(m4[1])), _fmax(fx.Float32(m4[2]), fx.Float32(m4[3])))
-    total = fx.Float32(0.0)
-    for w in range_constexpr(WAVES):
-        total = total + fx.Float32(l4[w]) * _exp2(fx.Float32(m4[w]) - m)
-    o = [x * _splat4(_exp2(m_w - m) * v_scale * _rcp(total)) for x in o]
-    for r in range_constexpr(1, WAVES):
-        for s in range_constexpr(2):
-            _lds_store(xchg, ((wave * 2 + s) * WAVE + lane) * 16, o[2 * r + s])
-        gpu.barrier()
-        src = (wave + (WAVES - r)) % WAVES
-        for s in range_constexpr(2):
-            o[s] = o[s] + _lds_load(xchg, ((src * 2 + s) * WAVE + lane) * 16, 4)
-        if const_expr(r < WAVES - 1):
-            gpu.barrier()  # the next round overwrites the slots just read
-    return o[0], o[1]
+#: what the stage-2 kernel supports (``pa_tile.problem.describe`` enforces it)
+LIMITS = problem.Limits(stage="s2", head_dims=(HEAD_DIM,), block_sizes=(16, 64), groups=(8, 16))
 
 
 @functools.lru_cache(maxsize=None)
 def build_launcher(block_size: int, group: int, arch: str):
     """The ``@flyc.jit`` launcher for one (block_size, group, arch) specialization."""
-    if block_size not in BLOCK_SIZES or group not in GROUP_SIZES or arch not in FP8_MAX:
-        raise ValueError(f"unsupported specialization block_size={block_size}, group={group}, arch={arch!r}")
     BS, G = block_size, group
-    FMAX = FP8_MAX[arch]
+    FMAX = fp8_max(arch)
     LOG2_FMAX = math.log2(FMAX)
     PAGE_BYTES = BS * HEAD_DIM  # one (page, kv head) slab of K or V
     PAGES_PER_SPAN = SPAN // BS  # 4 (block 16) or 1 (block 64)
@@ -288,20 +66,17 @@ def build_launcher(block_size: int, group: int, arch: str):
         max_blocks: fx.Int32,
         scale_log2: fx.Float32,
     ):
-        tid = fx.Int32(gpu.thread_id("x"))
-        wave = _uniform(tid // WAVE)
-        lane = tid % WAVE
-        col = lane % 16  # MFMA column: this lane's query head; also the A-operand row it loads
-        grp = lane // 16  # MFMA row band / k-slice
+        # col: MFMA column = this lane's query head (and the A-operand row it loads); grp: row band
+        tid, wave, lane, col, grp = lane_coords()
         seq = fx.Int32(gpu.block_id("x"))
         kvh = fx.Int32(gpu.block_id("y"))
-        q_rs, k_rs, v_rs, bt_rs, o_rs = (_rsrc(t) for t in (query, key_cache, value_cache, block_tables, out))
-        ctx = _scalar_load(context_lengths, seq)
-        k_scale = _scalar_load(key_scale, 0).bitcast(fx.Float32)
-        v_scale = _scalar_load(value_scale, 0).bitcast(fx.Float32)
+        q_rs, k_rs, v_rs, bt_rs, o_rs = (rsrc(t) for t in (query, key_cache, value_cache, block_tables, out))
+        ctx = scalar_load(context_lengths, seq)
+        k_scale = scalar_load(key_scale, 0).bitcast(fx.Float32)
+        v_scale = scalar_load(value_scale, 0).bitcast(fx.Float32)
         head0 = seq * (num_kv_heads * G) + kvh * G  # first query row of this group
 
-        q_ops, q_scale = _query_operands(q_rs, head0 + _imin(col, G - 1), col < G, FMAX, grp)
+        q_ops, q_scale = query_operands(q_rs, head0 + imin(col, G - 1), col < G, FMAX, grp)
         c_qk = q_scale * k_scale * scale_log2
 
         # ---- addressing that stays fixed for the whole loop
@@ -320,8 +95,8 @@ def build_launcher(block_size: int, group: int, arch: str):
 
         def page_id(tile, j):
             """Page id of page j of this wave's span in `tile`, clamped to the sequence's last page."""
-            idx = _imin(tile * (TILE // BS) + wave * PAGES_PER_SPAN + j, last_page)
-            return _buffer_load(bt_rs, (bt_row + idx) * 4, 1)
+            idx = imin(tile * (TILE // BS) + wave * PAGES_PER_SPAN + j, last_page)
+            return buffer_load(bt_rs, (bt_row + idx) * 4, 1)
 
         def slab(page):
             return (page * num_kv_heads + kvh) * PAGE_BYTES  # byte offset of (page, kv head)
@@ -332,7 +107,7 @@ def build_launcher(block_size: int, group: int, arch: str):
             for a in range_constexpr(4):
                 for h in range_constexpr(2):
                     # rows 4a.. of the lane's K rows, channels 16·grp (+64 for h = 1)
-                    v = _buffer_load(k_rs, voff, 4, offset=a * 4 * HEAD_DIM + h * 64)
+                    v = buffer_load(k_rs, voff, 4, offset=a * 4 * HEAD_DIM + h * 64)
                     words.extend([v[i] for i in range_constexpr(4)])
             return fx.Vector.from_elements(words, dtype=fx.Int32)
 
@@ -340,7 +115,7 @@ def build_launcher(block_size: int, group: int, arch: str):
             voff = slab(page) + v_lane
             words = []
             for j in range_constexpr(8):
-                v = _buffer_load(v_rs, voff, 4, soffset=chunk_off[j])
+                v = buffer_load(v_rs, voff, 4, soffset=chunk_off[j])
                 words.extend([v[k] for k in range_constexpr(4)])
             return fx.Vector.from_elements(words, dtype=fx.Int32)
 
@@ -368,27 +143,27 @@ def build_launcher(block_size: int, group: int, arch: str):
                 for h in range_constexpr(2):
                     for half in range_constexpr(2):
                         w0 = (2 * a + h) * 4 + 2 * half
-                        acc = _mfma(_i64(k_words[w0], k_words[w0 + 1]), q_ops[2 * h + half], acc)
+                        acc = mfma(i64(k_words[w0], k_words[w0 + 1]), q_ops[2 * h + half], acc)
                 s.extend([acc[i] for i in range_constexpr(4)])
             s = fx.Vector.from_elements(s, dtype=fx.Float32)
 
             n_valid = ctx - (t * TILE + wave * SPAN + grp * 16)  # of this lane's 16 tokens
             if t + 1 == num_tiles:
-                s, v_words = _mask_tail(s, v_words, n_valid)
+                s, v_words = mask_tail(s, v_words, n_valid)
 
-            p_ops, corr, m_new, l_new = _softmax_step(s, m_old, l_old, c_qk, LOG2_FMAX)
-            o = _pv_step(o, v_words, p_ops, corr)
+            p_ops, corr, m_new, l_new = softmax_step(s, m_old, l_old, c_qk, LOG2_FMAX)
+            o = pv_step(o, v_words, p_ops, corr)
             res = yield [k_page_next, v_page_next] + o + [m_new, l_new]
 
         lds = fx.SharedAllocator().allocate(Shared).peek()
-        o0, o1 = _merge_waves(
+        o0, o1 = merge_waves(
             [res[2 + j] for j in range_constexpr(8)], fx.Float32(res[10]), fx.Float32(res[11]),
             v_scale, lds, wave, lane, col, grp,
         )
         if col < G:
             row = (head0 + col) * (HEAD_DIM * 2)
-            _buffer_store(o0.to(fx.Float16).bitcast(fx.Int32), o_rs, row + ((2 * wave) * 16 + grp * 4) * 2)
-            _buffer_store(o1.to(fx.Float16).bitcast(fx.Int32), o_rs, row + ((2 * wave + 1) * 16 + grp * 4) * 2)
+            buffer_store(o0.to(fx.Float16).bitcast(fx.Int32), o_rs, row + ((2 * wave) * 16 + grp * 4) * 2)
+            buffer_store(o1.to(fx.Float16).bitcast(fx.Int32), o_rs, row + ((2 * wave + 1) * 16 + grp * 4) * 2)
 
     @flyc.jit
     def launch(
@@ -415,148 +190,22 @@ def build_launcher(block_size: int, group: int, arch: str):
     return launch
 
 
-def _need_tensor(x, name):
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
-
-
-def _resolve_arch(arch):
-    if arch is None:
-        from pa_tile import backend
-
-        arch = backend.default_arch()
-    if not isinstance(arch, str):
-        raise TypeError(f"arch: expected a str such as 'gfx942', got {type(arch).__name__}")
-    if arch not in FP8_MAX:
-        raise ValueError(f"arch: expected one of {sorted(FP8_MAX)}, got {arch!r}")
-    return arch
-
-
-def _check_cache(x, name, arch):
-    _need_tensor(x, name)
-    want = FP8_TORCH[arch]
-    if x.dtype in FP8_TORCH.values() and x.dtype != want:
-        raise ValueError(
-            f"{name}: {x.dtype} codes do not match {arch}, which decodes e4m3 as {want} "
-            f"(FNUZ on gfx942, OCP on gfx950); convert the cache or pass the other arch"
-        )
-    if x.dtype not in (want, torch.uint8):
-        raise TypeError(f"{name}: expected {want} (or uint8 codes), got {x.dtype}")
-    if x.dim() != 4:
-        raise ValueError(f"{name}: expected 4 dims, got shape {tuple(x.shape)}")
-    if not x.is_contiguous():
-        raise ValueError(f"{name}: must be contiguous")
-    if x.numel() >= 2**31:
-        raise ValueError(f"{name}: {x.numel()} bytes exceed the kernel's 32-bit byte offsets")
-
-
-def _scale_tensor(x, name, device):
-    if isinstance(x, (int, float)) and not isinstance(x, bool):
-        x = torch.tensor([float(x)], dtype=torch.float32, device=device)
-    _need_tensor(x, name)
-    if x.dtype != torch.float32:
-        raise TypeError(f"{name}: expected float32, got {x.dtype}")
-    if x.numel() != 1:
-        raise ValueError(f"{name}: stage 2 takes one per-tensor scale (shape [1]), got shape {tuple(x.shape)}")
-    return x.reshape(1).contiguous()
-
-
-def _validate(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale,
-              softmax_scale, out, arch):
-    """Check every argument; returns the launch arguments (after the launcher) and the launcher."""
-    arch = _resolve_arch(arch)
-    _need_tensor(query, "query")
-    if query.dtype != torch.float16:
-        raise TypeError(f"query: expected float16, got {query.dtype}")
-    if query.dim() != 3 or query.shape[2] != HEAD_DIM or query.shape[0] == 0:
-        raise ValueError(f"query: expected [num_seqs >= 1, num_q_heads, {HEAD_DIM}], got {tuple(query.shape)}")
-    num_seqs, num_q_heads, _ = query.shape
-    _check_cache(key_cache, "key_cache", arch)
-    _check_cache(value_cache, "value_cache", arch)
-    if value_cache.dtype != key_cache.dtype:
-        raise TypeError(f"value_cache: dtype {value_cache.dtype} differs from key_cache dtype {key_cache.dtype}")
-    num_blocks, num_kv_heads, block_size, kd = key_cache.shape
-    if kd != HEAD_DIM:
-        raise ValueError(f"key_cache: expected [num_blocks, num_kv_heads, block_size, {HEAD_DIM}], got {tuple(key_cache.shape)}")
-    if block_size not in BLOCK_SIZES:
-        raise ValueError(f"key_cache: block_size (dim 2) must be one of {BLOCK_SIZES}, got {block_size}")
-    if num_blocks == 0 or num_kv_heads == 0:
-        raise ValueError(f"key_cache: empty dimension in shape {tuple(key_cache.shape)}")
-    if tuple(value_cache.shape) != (num_blocks, num_kv_heads, HEAD_DIM, block_size):
-        raise ValueError(
-            f"value_cache: expected V plain [num_blocks, num_kv_heads, {HEAD_DIM}, block_size] = "
-            f"{(num_blocks, num_kv_heads, HEAD_DIM, block_size)}, got {tuple(value_cache.shape)}"
-        )
-    if num_q_heads % num_kv_heads or num_q_heads // num_kv_heads not in GROUP_SIZES:
-        raise ValueError(
-            f"query: num_q_heads={num_q_heads} must be {GROUP_SIZES[0]} or {GROUP_SIZES[1]} times "
-            f"key_cache's num_kv_heads={num_kv_heads}"
-        )
-    group = num_q_heads // num_kv_heads
-    _need_tensor(block_tables, "block_tables")
-    if block_tables.dtype != torch.int32:
-        raise TypeError(f"block_tables: expected int32, got {block_tables.dtype}")
-    if block_tables.dim() != 2 or block_tables.shape[0] != num_seqs or block_tables.shape[1] == 0:
-        raise ValueError(f"block_tables: expected [{num_seqs}, max_blocks_per_seq >= 1], got {tuple(block_tables.shape)}")
-    _need_tensor(context_lengths, "context_lengths")
-    if context_lengths.dtype != torch.int32:
-        raise TypeError(f"context_lengths: expected int32, got {context_lengths.dtype}")
-    if tuple(context_lengths.shape) != (num_seqs,):
-        raise ValueError(f"context_lengths: expected shape ({num_seqs},), got {tuple(context_lengths.shape)}")
-    device = query.device
-    key_scale = _scale_tensor(key_scale, "key_scale", device)
-    value_scale = _scale_tensor(value_scale, "value_scale", device)
-    if softmax_scale is None:
-        softmax_scale = 1.0 / math.sqrt(HEAD_DIM)
-    if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)):
-        raise TypeError(f"softmax_scale: expected a float or None, got {type(softmax_scale).__name__}")
-    if not (math.isfinite(softmax_scale) and softmax_scale > 0):
-        # the kernel takes the max of raw scores, which commutes with a positive scale only
-        raise ValueError(f"softmax_scale: must be finite and > 0, got {softmax_scale}")
-    if out is None:
-        out = torch.empty_like(query, memory_format=torch.contiguous_format)
-    else:
-        _need_tensor(out, "out")
-        if out.dtype != query.dtype or tuple(out.shape) != tuple(query.shape):
-            raise ValueError(f"out: expected {query.dtype} {tuple(query.shape)}, got {out.dtype} {tuple(out.shape)}")
-        if not out.is_contiguous():
-            raise ValueError("out: must be contiguous")
-    named = dict(query=query, key_cache=key_cache, value_cache=value_cache, block_tables=block_tables,
-                 context_lengths=context_lengths, key_scale=key_scale, value_scale=value_scale, out=out)
-    for name, x in named.items():
-        if x.device != device:
-            raise ValueError(f"{name}: on {x.device}, but query is on {device}")
-    if device.type == "cpu":
-        # Values are checked only where reading them is free; on a GPU this would synchronize.
-        ctx = context_lengths.to(torch.int64)
-        room = block_tables.shape[1] * block_size
-        bad = (ctx < 1) | (ctx > room)
-        if bad.any():
-            s = int(bad.nonzero()[0])
-            raise ValueError(f"context_lengths: sequence {s} has {int(ctx[s])} tokens; need 1 .. {room}")
-        used = torch.arange(block_tables.shape[1]) * block_size < ctx[:, None]
-        bt = block_tables.to(torch.int64)
-        wrong = used & ((bt < 0) | (bt >= num_blocks))
-        if wrong.any():
-            s, j = (int(i) for i in wrong.nonzero()[0])
-            raise ValueError(f"block_tables: entry [{s}, {j}] = {int(bt[s, j])} is not a page id in [0, {num_blocks})")
-    if query.numel() * 2 >= 2**31:
-        raise ValueError("query: too large for the kernel's 32-bit byte offsets")
-    query = query.contiguous()
-    args = (
-        out, query, key_cache.view(torch.uint8), value_cache.view(torch.uint8), block_tables.contiguous(),
-        context_lengths.contiguous(), key_scale, value_scale,
-        num_seqs, num_kv_heads, block_tables.shape[1], float(softmax_scale) * LOG2E,
-    )
-    return build_launcher(block_size, group, arch), args, arch
-
-
 def launch_args(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale, *,
                 softmax_scale=None, out=None, arch=None):
     """``(launcher, args, arch)`` after validation: ``launcher(*args)`` runs the kernel,
     ``pa_tile.toolchain.compile_isa(launcher, *args, arch=arch)`` shows its assembly."""
-    return _validate(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale,
-                     softmax_scale, out, arch)
+    p = problem.describe(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale,
+                         limits=LIMITS, softmax_scale=softmax_scale, arch=arch)
+    args = kernel_args(p, query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale, out)
+    return build_launcher(p.block_size, p.group, p.arch), args, p.arch
+
+
+def kernel_args(p, query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale, out):
+    """The launcher's arguments for a validated problem ``p`` (chapter 3's kernel takes the same)."""
+    ks, vs = problem.scale_tensors(p, key_scale, value_scale)
+    return (problem.output(p, query, out), query.contiguous(), key_cache.view(torch.uint8),
+            value_cache.view(torch.uint8), block_tables, context_lengths, ks, vs,
+            p.num_seqs, p.num_kv_heads, p.max_blocks, p.scale_log2)
 
 
 def paged_decode(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale, *,
@@ -566,17 +215,14 @@ def paged_decode(query, key_cache, value_cache, block_tables, context_lengths, k
     ``query`` [num_seqs, num_q_heads, 128] f16; ``key_cache`` [num_blocks, num_kv_heads,
     block_size, 128] and ``value_cache`` [num_blocks, num_kv_heads, 128, block_size] fp8 e4m3 in
     the arch's flavour (or uint8 codes); ``block_tables`` [num_seqs, max_blocks] int32;
-    ``context_lengths`` [num_seqs] int32 (each 1 .. max_blocks·block_size); per-tensor float32
-    ``key_scale``/``value_scale``; ``softmax_scale`` defaults to 1/sqrt(128); ``arch`` defaults to
-    the backend's (``pa_tile.backend.default_arch()``).
+    ``context_lengths`` [num_seqs] int32 (each 1 .. max_blocks·block_size); per-tensor
+    ``key_scale``/``value_scale`` (float32 [1] or floats, > 0); ``softmax_scale`` defaults to
+    1/sqrt(128); ``arch`` defaults to the tensors' device (the emulator's for CPU tensors).
+    Validation: ``pa_tile.problem``.
     """
-    from pa_tile import backend, toolchain
-
-    launcher, args, arch = _validate(query, key_cache, value_cache, block_tables, context_lengths,
-                                     key_scale, value_scale, softmax_scale, out, arch)
-    backend.ensure_backend()
-    with toolchain.target_arch(arch):
-        launcher(*args)
+    launcher, args, arch = launch_args(query, key_cache, value_cache, block_tables, context_lengths, key_scale,
+                                       value_scale, softmax_scale=softmax_scale, out=out, arch=arch)
+    launching.launch(launcher, args, arch=arch)
     return args[0]
 
 
@@ -584,7 +230,7 @@ def numerics_model(query, key_cache, value_cache, block_tables, context_lengths,
                    softmax_scale=None, arch):
     """float32 torch model of the stage-2 kernel's roundings (same arguments as ``paged_decode``);
     returns a float32 tensor shaped like ``query``. CPU only; loops over sequences and tiles."""
-    fmax, fp8 = FP8_MAX[arch], FP8_TORCH[arch]
+    fmax, fp8 = fp8_max(arch), fp8_torch_dtype(arch)
     scale = 1.0 / math.sqrt(HEAD_DIM) if softmax_scale is None else float(softmax_scale)
     ks, vs = float(torch.as_tensor(key_scale).reshape(())), float(torch.as_tensor(value_scale).reshape(()))
     num_seqs, num_q_heads, _ = query.shape

@@ -17,6 +17,7 @@ Layouts and numerics are stage 2's (``pa_tile.stages.s2_register_softmax``): que
 ``prefetch_k=False`` rebuilds stage 2's loop (no K prefetch) for comparison.
 """
 
+import dataclasses
 import functools
 import math
 
@@ -25,24 +26,26 @@ import flydsl.expr as fx
 from flydsl.compiler.kernel_function import CompilationContext
 from flydsl.expr import arith, const_expr, gpu, range_constexpr
 
-from pa_tile.stages import s2_register_softmax as _s2
-from pa_tile.stages.s2_register_softmax import (  # unchanged from stage 2
-    BLOCK_SIZES, FP8_MAX, GROUP_SIZES, HEAD_DIM, MASKED, SPAN, TILE, WAVE, WAVES,
-    _buffer_load, _buffer_store, _i64, _imin, _mask_tail, _merge_waves, _mfma, _query_operands, _rsrc,
-    _scalar_load, _softmax_step, _pv_step, _uniform, numerics_model,
+from pa_tile import launching, problem
+from pa_tile.arch import fp8_max
+from pa_tile.kernel_lib import (
+    HEAD_DIM, MASKED, SPAN, TILE, WAVE, WAVES, buffer_load, buffer_store, i64, imin, lane_coords, mask_tail,
+    merge_waves, mfma, pv_step, query_operands, rsrc, scalar_load, softmax_step,
 )
+from pa_tile.stages import s2_register_softmax as s2
+from pa_tile.stages.s2_register_softmax import numerics_model  # the same roundings as stage 2
 
-__all__ = ["paged_decode", "build_launcher", "launch_args", "numerics_model", "HEAD_DIM", "BLOCK_SIZES",
-           "GROUP_SIZES"]
+__all__ = ["paged_decode", "build_launcher", "launch_args", "numerics_model", "LIMITS"]
+
+#: the same inputs as stage 2
+LIMITS = dataclasses.replace(s2.LIMITS, stage="s3")
 
 
 @functools.lru_cache(maxsize=None)
 def build_launcher(block_size: int, group: int, arch: str, prefetch_k: bool = True):
     """The ``@flyc.jit`` launcher for one (block_size, group, arch, prefetch_k) specialization."""
-    if block_size not in BLOCK_SIZES or group not in GROUP_SIZES or arch not in FP8_MAX:
-        raise ValueError(f"unsupported specialization block_size={block_size}, group={group}, arch={arch!r}")
     BS, G, PREFETCH = block_size, group, bool(prefetch_k)
-    FMAX = FP8_MAX[arch]
+    FMAX = fp8_max(arch)
     LOG2_FMAX = math.log2(FMAX)
     PAGE_BYTES = BS * HEAD_DIM
     PAGES_PER_SPAN = SPAN // BS
@@ -66,20 +69,16 @@ def build_launcher(block_size: int, group: int, arch: str, prefetch_k: bool = Tr
         max_blocks: fx.Int32,
         scale_log2: fx.Float32,
     ):
-        tid = fx.Int32(gpu.thread_id("x"))
-        wave = _uniform(tid // WAVE)
-        lane = tid % WAVE
-        col = lane % 16
-        grp = lane // 16
+        tid, wave, lane, col, grp = lane_coords()
         seq = fx.Int32(gpu.block_id("x"))
         kvh = fx.Int32(gpu.block_id("y"))
-        q_rs, k_rs, v_rs, bt_rs, o_rs = (_rsrc(t) for t in (query, key_cache, value_cache, block_tables, out))
-        ctx = _scalar_load(context_lengths, seq)
-        k_scale = _scalar_load(key_scale, 0).bitcast(fx.Float32)
-        v_scale = _scalar_load(value_scale, 0).bitcast(fx.Float32)
+        q_rs, k_rs, v_rs, bt_rs, o_rs = (rsrc(t) for t in (query, key_cache, value_cache, block_tables, out))
+        ctx = scalar_load(context_lengths, seq)
+        k_scale = scalar_load(key_scale, 0).bitcast(fx.Float32)
+        v_scale = scalar_load(value_scale, 0).bitcast(fx.Float32)
         head0 = seq * (num_kv_heads * G) + kvh * G
 
-        q_ops, q_scale = _query_operands(q_rs, head0 + _imin(col, G - 1), col < G, FMAX, grp)
+        q_ops, q_scale = query_operands(q_rs, head0 + imin(col, G - 1), col < G, FMAX, grp)
         c_qk = q_scale * k_scale * scale_log2
 
         last_page = (ctx - 1) // BS
@@ -97,8 +96,8 @@ def build_launcher(block_size: int, group: int, arch: str, prefetch_k: bool = Tr
 
         def page_id(tile, j):
             # clamped: past the context, a wave re-reads the sequence's last page (masked later)
-            idx = _imin(tile * (TILE // BS) + wave * PAGES_PER_SPAN + j, last_page)
-            return _buffer_load(bt_rs, (bt_row + idx) * 4, 1)
+            idx = imin(tile * (TILE // BS) + wave * PAGES_PER_SPAN + j, last_page)
+            return buffer_load(bt_rs, (bt_row + idx) * 4, 1)
 
         def slab(page):
             return (page * num_kv_heads + kvh) * PAGE_BYTES
@@ -108,7 +107,7 @@ def build_launcher(block_size: int, group: int, arch: str, prefetch_k: bool = Tr
             words = []
             for a in range_constexpr(4):
                 for h in range_constexpr(2):
-                    v = _buffer_load(k_rs, voff, 4, offset=a * 4 * HEAD_DIM + h * 64)
+                    v = buffer_load(k_rs, voff, 4, offset=a * 4 * HEAD_DIM + h * 64)
                     words.extend([v[i] for i in range_constexpr(4)])
             return fx.Vector.from_elements(words, dtype=fx.Int32)
 
@@ -116,7 +115,7 @@ def build_launcher(block_size: int, group: int, arch: str, prefetch_k: bool = Tr
             voff = slab(page) + v_lane
             words = []
             for j in range_constexpr(8):
-                v = _buffer_load(v_rs, voff, 4, soffset=chunk_off[j])
+                v = buffer_load(v_rs, voff, 4, soffset=chunk_off[j])
                 words.extend([v[k] for k in range_constexpr(4)])
             return fx.Vector.from_elements(words, dtype=fx.Int32)
 
@@ -127,14 +126,14 @@ def build_launcher(block_size: int, group: int, arch: str, prefetch_k: bool = Tr
                 for h in range_constexpr(2):
                     for half in range_constexpr(2):
                         w0 = (2 * a + h) * 4 + 2 * half
-                        acc = _mfma(_i64(k_words[w0], k_words[w0 + 1]), q_ops[2 * h + half], acc)
+                        acc = mfma(i64(k_words[w0], k_words[w0 + 1]), q_ops[2 * h + half], acc)
                 s.extend([acc[i] for i in range_constexpr(4)])
             s = fx.Vector.from_elements(s, dtype=fx.Float32)
             n_valid = ctx - (t * TILE + wave * SPAN + grp * 16)
             if t + 1 == num_tiles:
-                s, v_words = _mask_tail(s, v_words, n_valid)
-            p_ops, corr, m_new, l_new = _softmax_step(s, m_old, l_old, c_qk, LOG2_FMAX)
-            return _pv_step(o, v_words, p_ops, corr), m_new, l_new
+                s, v_words = mask_tail(s, v_words, n_valid)
+            p_ops, corr, m_new, l_new = softmax_step(s, m_old, l_old, c_qk, LOG2_FMAX)
+            return pv_step(o, v_words, p_ops, corr), m_new, l_new
 
         zero4 = fx.Vector.filled(4, 0.0, fx.Float32)
         softmax0 = [zero4] * 8 + [fx.Float32(MASKED), fx.Float32(0.0)]
@@ -166,14 +165,14 @@ def build_launcher(block_size: int, group: int, arch: str, prefetch_k: bool = Tr
             res = yield carry + o + [m_new, l_new]
 
         lds = fx.SharedAllocator().allocate(Shared).peek()
-        o0, o1 = _merge_waves(
+        o0, o1 = merge_waves(
             [res[base + j] for j in range_constexpr(8)], fx.Float32(res[base + 8]), fx.Float32(res[base + 9]),
             v_scale, lds, wave, lane, col, grp,
         )
         if col < G:
             row = (head0 + col) * (HEAD_DIM * 2)
-            _buffer_store(o0.to(fx.Float16).bitcast(fx.Int32), o_rs, row + ((2 * wave) * 16 + grp * 4) * 2)
-            _buffer_store(o1.to(fx.Float16).bitcast(fx.Int32), o_rs, row + ((2 * wave + 1) * 16 + grp * 4) * 2)
+            buffer_store(o0.to(fx.Float16).bitcast(fx.Int32), o_rs, row + ((2 * wave) * 16 + grp * 4) * 2)
+            buffer_store(o1.to(fx.Float16).bitcast(fx.Int32), o_rs, row + ((2 * wave + 1) * 16 + grp * 4) * 2)
 
     @flyc.jit
     def launch(
@@ -202,13 +201,14 @@ def build_launcher(block_size: int, group: int, arch: str, prefetch_k: bool = Tr
 
 def launch_args(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale, *,
                 softmax_scale=None, out=None, arch=None, prefetch_k=True):
-    """``(launcher, args, arch)`` after validation (stage 2's checks: same inputs, same errors)."""
+    """``(launcher, args, arch)`` after validation: stage 2's inputs, checks and arguments."""
     if not isinstance(prefetch_k, bool):
         raise TypeError(f"prefetch_k: expected a bool, got {type(prefetch_k).__name__}")
-    _, args, arch = _s2.launch_args(query, key_cache, value_cache, block_tables, context_lengths, key_scale,
-                                    value_scale, softmax_scale=softmax_scale, out=out, arch=arch)
-    block_size, group = key_cache.shape[2], query.shape[1] // key_cache.shape[1]
-    return build_launcher(block_size, group, arch, prefetch_k), args, arch
+    p = problem.describe(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale,
+                         limits=LIMITS, softmax_scale=softmax_scale, arch=arch)
+    args = s2.kernel_args(p, query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale,
+                          out)
+    return build_launcher(p.block_size, p.group, p.arch, prefetch_k), args, p.arch
 
 
 def paged_decode(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale, *,
@@ -218,12 +218,8 @@ def paged_decode(query, key_cache, value_cache, block_tables, context_lengths, k
     Arguments as in stage 2 (``pa_tile.stages.s2_register_softmax.paged_decode``); ``prefetch_k``
     (default True) loads each tile's K one iteration ahead.
     """
-    from pa_tile import backend, toolchain
-
     launcher, args, arch = launch_args(query, key_cache, value_cache, block_tables, context_lengths, key_scale,
                                        value_scale, softmax_scale=softmax_scale, out=out, arch=arch,
                                        prefetch_k=prefetch_k)
-    backend.ensure_backend()
-    with toolchain.target_arch(arch):
-        launcher(*args)
+    launching.launch(launcher, args, arch=arch)
     return args[0]

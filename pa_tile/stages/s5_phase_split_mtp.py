@@ -29,23 +29,23 @@ import flydsl.expr as fx
 from flydsl.compiler.kernel_function import CompilationContext
 from flydsl.expr import arith, const_expr, gpu, range_constexpr
 
-from pa_tile.stages.s2_register_softmax import (
-    FP8_MAX, FP8_TORCH, LOG2E, MASKED, SPAN, TILE, WAVE, WAVES,
-    _buffer_load, _buffer_store, _exp2, _fmax, _i64, _imax, _imin, _lds_load, _lds_store, _mfma,
-    _need_tensor, _pack_fp8, _rcp, _resolve_arch, _rsrc, _scalar_load, _select, _splat4, _tree_sum,
-    _uniform, _xor_lanes,
+from pa_tile import launching, problem
+from pa_tile.arch import fp8_max
+from pa_tile.kernel_lib import (
+    LOG2E, MASKED, SPAN, TILE, WAVE, WAVES, buffer_load, buffer_store, exp2, fmax, i64, imax, imin, lane_coords,
+    lds_load, lds_store, mfma, pack_fp8, rcp, rsrc, scalar_load, select, splat4, tree_sum, uniform, xor_lanes,
 )
 
-__all__ = ["paged_decode", "paged_decode_partials", "build_launcher", "launch_args", "plan",
-           "HEAD_DIMS", "BLOCK_SIZES", "MAX_GROUP", "MAX_QUERY_LENGTH", "K_LAYOUT", "V_LAYOUT"]
+__all__ = ["paged_decode", "paged_decode_partials", "build_launcher", "launch_args", "kernel_args", "plan",
+           "LIMITS", "K_LAYOUT", "V_LAYOUT"]
 
-HEAD_DIMS = (64, 128, 256)  # 256 goes beyond the upstream tile kernel (64, 128)
+#: what the stage-5 kernel supports; head_dim 256 goes beyond the upstream tile kernel (64, 128)
+LIMITS = problem.Limits(stage="s5", head_dims=(64, 128, 256), block_sizes=(16, 64), groups=None, max_group=32,
+                        max_query_length=4, query_dtypes=(torch.float16, torch.bfloat16), k_layouts=("blocked",),
+                        v_layouts=("trans_blocked", "plain"), per_token_scales=True, strided_query=True,
+                        sliding_window=True, max_partitions=64, max_m_tiles=8)
 K_LAYOUT = "k_blocked"  # pa_tile.cache layout names of the caches paged_decode reads
 V_LAYOUT = "v_trans_blocked"  # (plain V is accepted too)
-BLOCK_SIZES = (16, 64)
-MAX_GROUP = 32
-MAX_QUERY_LENGTH = 4
-QUERY_DTYPES = {torch.float16: "f16", torch.bfloat16: "bf16"}
 NINF = float("-inf")
 
 
@@ -76,19 +76,19 @@ def _query_operands(q_rs, row_elem, valid, fp8_max, grp, head_dim, q_dtype):
     for h in range_constexpr(head_dim // 64):
         d0 = 16 * (grp + 4 * h)
         for half in range_constexpr(2):
-            v = _buffer_load(q_rs, (row_elem + d0) * 2, 4, offset=16 * half)
+            v = buffer_load(q_rs, (row_elem + d0) * 2, 4, offset=16 * half)
             vals.append(v.bitcast(q_dtype).to(fx.Float32))
     amax = fx.Float32(1e-20)  # an all-zero row gets a tiny positive scale, never 0 or inf
     for v in vals:
         for i in range_constexpr(8):
-            amax = _fmax(amax, fx.Float32(fx.absf(v[i])))
-    amax = _fmax(amax, _xor_lanes(amax, 16))
-    amax = _fmax(amax, _xor_lanes(amax, 32))
-    inv = fx.Float32(_select(valid, _rcp(amax) * fp8_max, fx.Float32(0.0)))
+            amax = fmax(amax, fx.Float32(fx.absf(v[i])))
+    amax = fmax(amax, xor_lanes(amax, 16))
+    amax = fmax(amax, xor_lanes(amax, 32))
+    inv = fx.Float32(select(valid, rcp(amax) * fp8_max, fx.Float32(0.0)))
     ops = []
     for v in vals:
         s = v * inv
-        ops.append(_i64(_pack_fp8(s[0], s[1], s[2], s[3]), _pack_fp8(s[4], s[5], s[6], s[7])))
+        ops.append(i64(pack_fp8(s[0], s[1], s[2], s[3]), pack_fp8(s[4], s[5], s[6], s[7])))
     return ops, amax * (1.0 / fp8_max)
 
 
@@ -103,7 +103,7 @@ def _mask_scores(s_all, n_hi, n_lo, mt):
             keep = n_hi[m] > i
             if const_expr(n_lo is not None):
                 keep = keep & (n_lo[m] <= i)
-            out.append(fx.Float32(_select(keep, fx.Float32(s_all[16 * m + i]), ninf)))
+            out.append(fx.Float32(select(keep, fx.Float32(s_all[16 * m + i]), ninf)))
     return fx.Vector.from_elements(out, dtype=fx.Float32)
 
 
@@ -111,9 +111,9 @@ def _zero_tail_v(v_words, n_valid, nch):
     """V bytes of lane-tokens >= ``n_valid`` -> 0: a NaN code times P = 0 would still be NaN."""
     masks = []
     for k in range_constexpr(4):
-        keep = _imax(_imin(n_valid - 4 * k, 4), 0)  # bytes of dword k to keep: 0..4
+        keep = imax(imin(n_valid - 4 * k, 4), 0)  # bytes of dword k to keep: 0..4
         partial = (fx.Int32(1) << (keep * 8 % 32)) - 1
-        masks.append(fx.Int32(_select(keep > 3, fx.Int32(-1), partial)))
+        masks.append(fx.Int32(select(keep > 3, fx.Int32(-1), partial)))
     return fx.Vector.from_elements(
         [fx.Int32(v_words[i]) & masks[i % 4] for i in range_constexpr(4 * nch)], dtype=fx.Int32
     )
@@ -122,10 +122,10 @@ def _zero_tail_v(v_words, n_valid, nch):
 def _row_max(s, c):
     m = fx.Float32(s[0])
     for i in range_constexpr(1, 16):
-        m = _fmax(m, fx.Float32(s[i]))
+        m = fmax(m, fx.Float32(s[i]))
     m = m * c  # c > 0: the max commutes with the scaling
-    m = _fmax(m, _xor_lanes(m, 16))
-    return _fmax(m, _xor_lanes(m, 32))
+    m = fmax(m, xor_lanes(m, 16))
+    return fmax(m, xor_lanes(m, 32))
 
 
 def _exp_pack(s, c, m_new, log2_fp8_max, v_weight):
@@ -133,8 +133,8 @@ def _exp_pack(s, c, m_new, log2_fp8_max, v_weight):
     per-token V weights ``v_weight(a)`` of lane-tokens 4a..4a+3, if any) packed as the two P·V B
     operands."""
     shift = m_new - log2_fp8_max
-    p = [_exp2(fx.Float32(s[i]) * c - shift) for i in range_constexpr(16)]
-    total = _tree_sum(list(p))
+    p = [exp2(fx.Float32(s[i]) * c - shift) for i in range_constexpr(16)]
+    total = tree_sum(list(p))
     words = []
     for a in range_constexpr(4):
         q = p[4 * a:4 * a + 4]
@@ -143,8 +143,8 @@ def _exp_pack(s, c, m_new, log2_fp8_max, v_weight):
             fx.rocdl.sched_barrier(0)
             w = v_weight(a)
             q = [q[i] * fx.Float32(w[i]) for i in range_constexpr(4)]
-        words.append(_pack_fp8(q[0], q[1], q[2], q[3]))
-    return [_i64(words[0], words[1]), _i64(words[2], words[3])], total
+        words.append(pack_fp8(q[0], q[1], q[2], q[3]))
+    return [i64(words[0], words[1]), i64(words[2], words[3])], total
 
 
 @functools.lru_cache(maxsize=None)
@@ -160,14 +160,10 @@ def build_launcher(arch, block_size, head_dim, group, query_length, q_dtype="f16
     ``Σ p·v / Σ p`` (V scales applied). A partition with no visible token for a row writes
     pmax = MASKED/ln 2 (about -6.9e29, a finite -inf), psum = 0, pout = 0.
     """
-    if arch not in FP8_MAX or block_size not in BLOCK_SIZES or head_dim not in HEAD_DIMS:
-        raise ValueError(f"unsupported specialization arch={arch!r}, block_size={block_size}, head_dim={head_dim}")
-    if not (1 <= group <= MAX_GROUP and 1 <= query_length <= MAX_QUERY_LENGTH and num_partitions >= 1):
-        raise ValueError(f"unsupported group={group}, query_length={query_length}, num_partitions={num_partitions}")
     BS, HD, G, QL, W, NP = block_size, head_dim, group, query_length, sliding_window, num_partitions
     ROWS, _, MT, MG = plan(HD, G, QL, m_tiles)
     QDT = fx.BFloat16 if q_dtype == "bf16" else fx.Float16
-    FMAX = FP8_MAX[arch]
+    FMAX = fp8_max(arch)
     LOG2_FMAX = math.log2(FMAX)
     NH = HD // 64  # 64-channel halves of a K row: K chunks grp and grp + 4
     NCH = HD // 16  # 16-channel d-chunks of the output
@@ -191,31 +187,28 @@ def build_launcher(arch, block_size, head_dim, group, query_length, q_dtype="f16
         num_kv_heads: fx.Int32, max_blocks: fx.Int32, q_stride_row: fx.Int32, q_stride_head: fx.Int32,
         scale_log2: fx.Float32,
     ):
-        tid = fx.Int32(gpu.thread_id("x"))
-        wave = _uniform(tid // WAVE)
-        lane = tid % WAVE
-        col = lane % 16  # MFMA column: this lane's query row within an M-tile
-        grp = lane // 16  # MFMA row band: this lane's 16 tokens of the wave's 64
+        # col: MFMA column = this lane's query row within an M-tile; grp: its 16 tokens of the wave's 64
+        tid, wave, lane, col, grp = lane_coords()
         seq = fx.Int32(gpu.block_id("x"))
         by = fx.Int32(gpu.block_id("y"))
         kvh = by // MG
         mgrp = by % MG
         part = fx.Int32(gpu.block_id("z"))
-        q_rs, k_rs, v_rs, bt_rs = (_rsrc(t) for t in (query, key_cache, value_cache, block_tables))
-        ctx = _scalar_load(context_lengths, seq)
+        q_rs, k_rs, v_rs, bt_rs = (rsrc(t) for t in (query, key_cache, value_cache, block_tables))
+        ctx = scalar_load(context_lengths, seq)
 
         # ---- query rows: flattened (MTP position, head), 16 per M-tile
         rows = []
         for m in range_constexpr(MT):
             r = (mgrp * MT + m) * 16 + col
-            rc = _imin(r, ROWS - 1)  # padding rows read a real row, quantized to zeros
+            rc = imin(r, ROWS - 1)  # padding rows read a real row, quantized to zeros
             qi = fx.Int32(0)
             for k in range_constexpr(1, QL):  # rc // G without a division (G need not be a power of 2)
-                qi = qi + fx.Int32(_select(rc >= k * G, fx.Int32(1), fx.Int32(0)))
+                qi = qi + fx.Int32(select(rc >= k * G, fx.Int32(1), fx.Int32(0)))
             rows.append((r, qi, rc - qi * G))
         if const_expr(not per_token):
-            k_scale = _scalar_load(key_scale, 0).bitcast(fx.Float32)
-            v_scale = _scalar_load(value_scale, 0).bitcast(fx.Float32)
+            k_scale = scalar_load(key_scale, 0).bitcast(fx.Float32)
+            v_scale = scalar_load(value_scale, 0).bitcast(fx.Float32)
         q_ops, c_qk = [], []
         for m in range_constexpr(MT):
             r, qi, g = rows[m]
@@ -233,11 +226,11 @@ def build_launcher(arch, block_size, head_dim, group, query_length, q_dtype="f16
         num_tiles = (ctx + (TILE - 1)) // TILE
         first = 0
         if const_expr(W > 0):
-            first = _imax(ctx - (QL - 1) - W, 0) // TILE  # tiles wholly before every row's window are skipped
+            first = imax(ctx - (QL - 1) - W, 0) // TILE  # tiles wholly before every row's window are skipped
         if const_expr(NP > 1):
             tpp = (num_tiles + (NP - 1)) // NP
-            t_start = _imax(part * tpp, first)
-            t_end = _imin(part * tpp + tpp, num_tiles)
+            t_start = imax(part * tpp, first)
+            t_end = imin(part * tpp + tpp, num_tiles)
         else:
             t_start, t_end = fx.Int32(first), num_tiles
         bt_row = seq * max_blocks
@@ -253,8 +246,8 @@ def build_launcher(arch, block_size, head_dim, group, query_length, q_dtype="f16
         v_page_j = grp if const_expr(PPS > 1) else 0
 
         def page_id(tile, j):
-            idx = _imin(tile * (TILE // BS) + wave * PPS + j, last_page)
-            return _buffer_load(bt_rs, (bt_row + idx) * 4, 1)
+            idx = imin(tile * (TILE // BS) + wave * PPS + j, last_page)
+            return buffer_load(bt_rs, (bt_row + idx) * 4, 1)
 
         def slab(page):
             return (page * num_kv_heads + kvh) * PAGE_BYTES
@@ -264,7 +257,7 @@ def build_launcher(arch, block_size, head_dim, group, query_length, q_dtype="f16
             words = []
             for a in range_constexpr(4):
                 for h in range_constexpr(NH):
-                    v = _buffer_load(k_rs, voff, 4, offset=a * 64 + h * (4 * BS * 16))
+                    v = buffer_load(k_rs, voff, 4, offset=a * 64 + h * (4 * BS * 16))
                     words.extend([v[i] for i in range_constexpr(4)])
             return fx.Vector.from_elements(words, dtype=fx.Int32)
 
@@ -272,23 +265,23 @@ def build_launcher(arch, block_size, head_dim, group, query_length, q_dtype="f16
             voff = slab(page) + v_lane
             words = []
             for j in range_constexpr(NCH):
-                v = _buffer_load(v_rs, voff, 4, soffset=chunk_off[j])
+                v = buffer_load(v_rs, voff, 4, soffset=chunk_off[j])
                 words.extend([v[k] for k in range_constexpr(4)])
             return fx.Vector.from_elements(words, dtype=fx.Int32)
 
         def load_scale(rs, page):
-            return _buffer_load(rs, ((page * num_kv_heads + kvh) * BS + s_tok) * 4, 1).bitcast(fx.Float32)
+            return buffer_load(rs, ((page * num_kv_heads + kvh) * BS + s_tok) * 4, 1).bitcast(fx.Float32)
 
         lds = fx.SharedAllocator().allocate(Shared).peek()
         if const_expr(per_token):
-            ks_rs, vs_rs = _rsrc(key_scale), _rsrc(value_scale)
+            ks_rs, vs_rs = rsrc(key_scale), rsrc(value_scale)
             sc_lds = fx.recast_iter(fx.Uint8, lds.scales.ptr)
             sc_k = wave * (2 * WAVE * 4)  # this wave's 64 K scales, then its 64 V weights
             sc_v = sc_k + WAVE * 4
 
             def lane_scales(base, q):
                 # 4 of the 16 values of the lane's row band (lane-tokens 4q..4q+3): a broadcast read
-                return _lds_load(sc_lds, base + grp * 64 + 16 * q, 4)
+                return lds_load(sc_lds, base + grp * 64 + 16 * q, 4)
 
         zero4 = fx.Vector.filled(4, 0.0, fx.Float32)
         state = [page_id(t_start, k_page_j), page_id(t_start, v_page_j)]
@@ -313,7 +306,7 @@ def build_launcher(arch, block_size, head_dim, group, query_length, q_dtype="f16
                     for h in range_constexpr(NH):
                         for half in range_constexpr(2):
                             w0 = (a * NH + h) * 4 + 2 * half
-                            acc = _mfma(_i64(k_words[w0], k_words[w0 + 1]), q_ops[m][2 * h + half], acc)
+                            acc = mfma(i64(k_words[w0], k_words[w0 + 1]), q_ops[m][2 * h + half], acc)
                     for i in range_constexpr(4):
                         s_all.append(fx.Float32(acc[i]))
             # V is issued only now, into the registers K just freed: loaded with K, its
@@ -334,17 +327,17 @@ def build_launcher(arch, block_size, head_dim, group, query_length, q_dtype="f16
                 live = lane < ctx - span0
                 if const_expr(W > 0):
                     live = live & (lane >= ctx - (QL - 1) - W - span0)
-                v_sc1 = fx.Float32(_select(live, v_sc1, fx.Float32(0.0)))
+                v_sc1 = fx.Float32(select(live, v_sc1, fx.Float32(0.0)))
                 vmax = v_sc1
                 for k in (1, 2, 4, 8, 16, 32):
-                    vmax = _fmax(vmax, _xor_lanes(vmax, k))
+                    vmax = fmax(vmax, xor_lanes(vmax, k))
                 # one factor for all 64 tokens of the wave; a wave with no live token (or only
                 # ~0 scales) gets 1, not rcp(tiny): O is rescaled by rv·vmax every tile and
                 # O·1e30 could overflow
-                vmax = fx.Float32(_select(vmax > 1e-30, vmax, fx.Float32(1.0)))
-                rv = _rcp(vmax)
-                _lds_store(sc_lds, sc_k + lane * 4, fx.Vector.from_elements([k_sc1], dtype=fx.Float32))
-                _lds_store(sc_lds, sc_v + lane * 4, fx.Vector.from_elements([v_sc1 * rv], dtype=fx.Float32))
+                vmax = fx.Float32(select(vmax > 1e-30, vmax, fx.Float32(1.0)))
+                rv = rcp(vmax)
+                lds_store(sc_lds, sc_k + lane * 4, fx.Vector.from_elements([k_sc1], dtype=fx.Float32))
+                lds_store(sc_lds, sc_v + lane * 4, fx.Vector.from_elements([v_sc1 * rv], dtype=fx.Float32))
                 scaled = list(s_all)
                 for q in range_constexpr(4):
                     fx.rocdl.sched_barrier(0)  # 4 scales at a time, not 16 next to V in flight
@@ -368,7 +361,7 @@ def build_launcher(arch, block_size, head_dim, group, query_length, q_dtype="f16
             m_new = []
             for m in range_constexpr(MT):
                 s = [s_all[16 * m + i] for i in range_constexpr(16)]
-                m_new.append(_fmax(fx.Float32(st[M0 + m]), _row_max(s, c_qk[m])))
+                m_new.append(fmax(fx.Float32(st[M0 + m]), _row_max(s, c_qk[m])))
 
             # ---- phase B: every M-tile's exp, pack and P·V (V as A, P as B: O is [d, row])
             v_weight = functools.partial(lane_scales, sc_v) if const_expr(per_token) else None
@@ -376,20 +369,20 @@ def build_launcher(arch, block_size, head_dim, group, query_length, q_dtype="f16
             for m in range_constexpr(MT):
                 s = [s_all[16 * m + i] for i in range_constexpr(16)]
                 p_ops, p_sum = _exp_pack(s, c_qk[m], m_new[m], LOG2_FMAX, v_weight)
-                corr = _exp2(fx.Float32(st[M0 + m]) - m_new[m])
+                corr = exp2(fx.Float32(st[M0 + m]) - m_new[m])
                 l_next.append(fx.Float32(st[L0 + m]) * corr + p_sum)
                 if const_expr(per_token):
                     # sum P before P·V, else the 16 P values live through it next to the weights
                     # (per tensor the compiler's order is no worse, and waits less)
                     fx.rocdl.sched_barrier(0)
-                f4 = _splat4(corr * rv if const_expr(per_token) else corr)
+                f4 = splat4(corr * rv if const_expr(per_token) else corr)
                 for j in range_constexpr(NCH):
                     w = [fx.Int32(v_words[4 * j + k]) for k in range_constexpr(4)]
                     acc = fx.Vector(st[O0 + m * NCH + j]) * f4
-                    acc = _mfma(_i64(w[0], w[1]), p_ops[0], acc)
-                    acc = _mfma(_i64(w[2], w[3]), p_ops[1], acc)
+                    acc = mfma(i64(w[0], w[1]), p_ops[0], acc)
+                    acc = mfma(i64(w[2], w[3]), p_ops[1], acc)
                     if const_expr(per_token):
-                        acc = acc * _splat4(vmax)
+                        acc = acc * splat4(vmax)
                     o_next.append(acc)
             res = yield [k_page_next, v_page_next] + o_next + m_new + l_next
 
@@ -399,37 +392,37 @@ def build_launcher(arch, block_size, head_dim, group, query_length, q_dtype="f16
         l_w = []
         for m in range_constexpr(MT):
             lw = fx.Float32(res[L0 + m])
-            lw = lw + _xor_lanes(lw, 16)
-            l_w.append(lw + _xor_lanes(lw, 32))
+            lw = lw + xor_lanes(lw, 16)
+            l_w.append(lw + xor_lanes(lw, 32))
             base = m * 2 * 16 * WAVES
-            _lds_store(stats, (base + col * WAVES + wave) * 4, fx.Vector.from_elements([fx.Float32(res[M0 + m])], dtype=fx.Float32))
-            _lds_store(stats, (base + (16 + col) * WAVES + wave) * 4, fx.Vector.from_elements([l_w[m]], dtype=fx.Float32))
+            lds_store(stats, (base + col * WAVES + wave) * 4, fx.Vector.from_elements([fx.Float32(res[M0 + m])], dtype=fx.Float32))
+            lds_store(stats, (base + (16 + col) * WAVES + wave) * 4, fx.Vector.from_elements([l_w[m]], dtype=fx.Float32))
         gpu.barrier()
         if const_expr(NP == 1):
-            o_rs = _rsrc(out)
+            o_rs = rsrc(out)
         else:
-            o_rs, mx_rs, sm_rs = _rsrc(pout), _rsrc(pmax), _rsrc(psum)
+            o_rs, mx_rs, sm_rs = rsrc(pout), rsrc(pmax), rsrc(psum)
         for m in range_constexpr(MT):
             base = m * 2 * 16 * WAVES
-            m4 = _lds_load(stats, (base + col * WAVES) * 4, WAVES)
-            l4 = _lds_load(stats, (base + (16 + col) * WAVES) * 4, WAVES)
-            mx = _fmax(_fmax(fx.Float32(m4[0]), fx.Float32(m4[1])), _fmax(fx.Float32(m4[2]), fx.Float32(m4[3])))
+            m4 = lds_load(stats, (base + col * WAVES) * 4, WAVES)
+            l4 = lds_load(stats, (base + (16 + col) * WAVES) * 4, WAVES)
+            mx = fmax(fmax(fx.Float32(m4[0]), fx.Float32(m4[1])), fmax(fx.Float32(m4[2]), fx.Float32(m4[3])))
             total = fx.Float32(0.0)
             for w in range_constexpr(WAVES):
-                total = total + fx.Float32(l4[w]) * _exp2(fx.Float32(m4[w]) - mx)
-            f = _exp2(fx.Float32(res[M0 + m]) - mx) * _rcp(total)
+                total = total + fx.Float32(l4[w]) * exp2(fx.Float32(m4[w]) - mx)
+            f = exp2(fx.Float32(res[M0 + m]) - mx) * rcp(total)
             if const_expr(not per_token):
                 f = f * v_scale
             if const_expr(NP > 1):
-                f = fx.Float32(_select(total > 0.0, f, fx.Float32(0.0)))  # empty partition row: 0, not 0·inf
-            o = [fx.Vector(res[O0 + m * NCH + j]) * _splat4(f) for j in range_constexpr(NCH)]
+                f = fx.Float32(select(total > 0.0, f, fx.Float32(0.0)))  # empty partition row: 0, not 0·inf
+            o = [fx.Vector(res[O0 + m * NCH + j]) * splat4(f) for j in range_constexpr(NCH)]
             for rnd in range_constexpr(1, WAVES):
                 for s in range_constexpr(CPW):
-                    _lds_store(xchg, ((wave * CPW + s) * WAVE + lane) * 16, o[CPW * rnd + s])
+                    lds_store(xchg, ((wave * CPW + s) * WAVE + lane) * 16, o[CPW * rnd + s])
                 gpu.barrier()
                 src = (wave + (WAVES - rnd)) % WAVES
                 for s in range_constexpr(CPW):
-                    o[s] = o[s] + _lds_load(xchg, ((src * CPW + s) * WAVE + lane) * 16, 4)
+                    o[s] = o[s] + lds_load(xchg, ((src * CPW + s) * WAVE + lane) * 16, 4)
                 if const_expr(rnd < WAVES - 1 or m < MT - 1):
                     gpu.barrier()  # the next round overwrites the slots just read
             r, qi, g = rows[m]
@@ -438,16 +431,16 @@ def build_launcher(arch, block_size, head_dim, group, query_length, q_dtype="f16
                     d0 = (CPW * wave + s) * 16 + grp * 4
                     if const_expr(NP == 1):
                         row = (seq * QL + qi) * (num_kv_heads * G) + kvh * G + g
-                        _buffer_store(o[s].to(QDT).bitcast(fx.Int32), o_rs, (row * HD + d0) * 2)
+                        buffer_store(o[s].to(QDT).bitcast(fx.Int32), o_rs, (row * HD + d0) * 2)
                     else:
                         prow = ((seq * num_kv_heads + kvh) * NP + part) * ROWS + r
-                        _buffer_store(o[s].bitcast(fx.Int32), o_rs, (prow * HD + d0) * 4)
+                        buffer_store(o[s].bitcast(fx.Int32), o_rs, (prow * HD + d0) * 4)
                 if const_expr(NP > 1):
                     if wave == 0:
                         if grp == 0:
                             prow = ((seq * num_kv_heads + kvh) * NP + part) * ROWS + r
-                            _buffer_store(fx.Float32(mx * (1.0 / LOG2E)).bitcast(fx.Int32), mx_rs, prow * 4)
-                            _buffer_store(fx.Float32(total * (1.0 / FMAX)).bitcast(fx.Int32), sm_rs, prow * 4)
+                            buffer_store(fx.Float32(mx * (1.0 / LOG2E)).bitcast(fx.Int32), mx_rs, prow * 4)
+                            buffer_store(fx.Float32(total * (1.0 / FMAX)).bitcast(fx.Int32), sm_rs, prow * 4)
 
     @flyc.jit
     def launch(
@@ -467,184 +460,60 @@ def build_launcher(arch, block_size, head_dim, group, query_length, q_dtype="f16
     return launch
 
 
-def _check_cache(x, name, arch, dims):
-    _need_tensor(x, name)
-    want = FP8_TORCH[arch]
-    if x.dtype in FP8_TORCH.values() and x.dtype != want:
-        raise ValueError(
-            f"{name}: {x.dtype} codes do not match {arch}, which decodes e4m3 as {want} "
-            f"(FNUZ on gfx942, OCP on gfx950); convert the cache or pass the other arch"
-        )
-    if x.dtype not in (want, torch.uint8):
-        raise TypeError(f"{name}: expected {want} (or uint8 codes), got {x.dtype}")
-    if x.dim() not in dims:
-        raise ValueError(f"{name}: expected {' or '.join(map(str, dims))} dims, got shape {tuple(x.shape)}")
-    if not x.is_contiguous():
-        raise ValueError(f"{name}: must be contiguous")
-    if x.numel() >= 2**31:
-        raise ValueError(f"{name}: {x.numel()} bytes exceed the kernel's 32-bit byte offsets")
-
-
-def _scale(x, name, device, per_token_shape):
-    """-> (tensor, per_token)"""
-    if isinstance(x, (int, float)) and not isinstance(x, bool):
-        x = torch.tensor([float(x)], dtype=torch.float32, device=device)
-    _need_tensor(x, name)
-    if x.dtype != torch.float32:
-        raise TypeError(f"{name}: expected float32, got {x.dtype}")
-    if x.numel() == 1 and x.dim() <= 1:
-        return x.reshape(1).contiguous(), False
-    if tuple(x.shape) == per_token_shape:
-        if not x.is_contiguous():
-            raise ValueError(f"{name}: a per-token scale must be contiguous")
-        return x, True
-    raise ValueError(f"{name}: expected shape [1] (per tensor) or {list(per_token_shape)} (per token), got {tuple(x.shape)}")
-
-
-def _int_opt(v, name, lo, hi=None):
-    if isinstance(v, bool) or not isinstance(v, int):
-        raise TypeError(f"{name}: expected an int, got {type(v).__name__}")
-    if v < lo or (hi is not None and v > hi):
-        raise ValueError(f"{name}: must be in [{lo}, {hi if hi is not None else 'inf'}], got {v}")
-
-
-def _validate(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale,
-              softmax_scale, query_length, sliding_window, out, arch, num_partitions, m_tiles):
-    arch = _resolve_arch(arch)
-    _int_opt(sliding_window, "sliding_window", 0)
-    _int_opt(num_partitions, "num_partitions", 1, 64)
-    if m_tiles is not None:
-        _int_opt(m_tiles, "m_tiles", 1, 8)
-    _need_tensor(query, "query")
-    if query.dtype not in QUERY_DTYPES:
-        raise TypeError(f"query: expected float16 or bfloat16, got {query.dtype}")
-    if query.dim() != 3 or query.shape[2] not in HEAD_DIMS or query.shape[0] == 0:
-        raise ValueError(f"query: expected [num_seqs*query_length, num_q_heads, one of {HEAD_DIMS}], "
-                         f"got {tuple(query.shape)}")
-    if query.stride(2) != 1:
-        raise ValueError("query: channels (dim 2) must be contiguous; rows and heads may be strided")
-    total_rows, num_q_heads, head_dim = query.shape
-    _need_tensor(context_lengths, "context_lengths")
-    if context_lengths.dtype != torch.int32:
-        raise TypeError(f"context_lengths: expected int32, got {context_lengths.dtype}")
-    if context_lengths.dim() != 1 or context_lengths.shape[0] == 0:
-        raise ValueError(f"context_lengths: expected [num_seqs >= 1], got {tuple(context_lengths.shape)}")
-    num_seqs = context_lengths.shape[0]
-    if query_length is None:
-        if total_rows % num_seqs:
-            raise ValueError(f"query: {total_rows} rows is not a multiple of num_seqs={num_seqs} (context_lengths)")
-        query_length = total_rows // num_seqs
-    _int_opt(query_length, "query_length", 1, MAX_QUERY_LENGTH)
-    if total_rows != num_seqs * query_length:
-        raise ValueError(f"query: expected {num_seqs}*{query_length} rows (num_seqs*query_length), got {total_rows}")
-    _check_cache(key_cache, "key_cache", arch, (5,))
-    _check_cache(value_cache, "value_cache", arch, (4, 5))
-    if value_cache.dtype != key_cache.dtype:
-        raise TypeError(f"value_cache: dtype {value_cache.dtype} differs from key_cache dtype {key_cache.dtype}")
-    num_blocks, num_kv_heads, d16, block_size, w16 = key_cache.shape
-    if d16 * 16 != head_dim or w16 != 16:
-        raise ValueError(f"key_cache: expected blocked [num_blocks, num_kv_heads, {head_dim // 16}, block_size, 16], "
-                         f"got {tuple(key_cache.shape)}")
-    if block_size not in BLOCK_SIZES:
-        raise ValueError(f"key_cache: block_size (dim 3) must be one of {BLOCK_SIZES}, got {block_size}")
-    if num_blocks == 0 or num_kv_heads == 0:
-        raise ValueError(f"key_cache: empty dimension in shape {tuple(key_cache.shape)}")
-    trans_v = value_cache.dim() == 5
-    want_v = ((num_blocks, num_kv_heads, block_size // 16, head_dim, 16) if trans_v
-              else (num_blocks, num_kv_heads, head_dim, block_size))
-    if tuple(value_cache.shape) != want_v:
-        raise ValueError(f"value_cache: expected {'trans-blocked' if trans_v else 'plain'} {want_v}, "
-                         f"got {tuple(value_cache.shape)}")
-    if num_q_heads % num_kv_heads or not 1 <= num_q_heads // num_kv_heads <= MAX_GROUP:
-        raise ValueError(f"query: num_q_heads={num_q_heads} must be 1..{MAX_GROUP} times num_kv_heads={num_kv_heads}")
-    group = num_q_heads // num_kv_heads
-    _need_tensor(block_tables, "block_tables")
-    if block_tables.dtype != torch.int32:
-        raise TypeError(f"block_tables: expected int32, got {block_tables.dtype}")
-    if block_tables.dim() != 2 or block_tables.shape[0] != num_seqs or block_tables.shape[1] == 0:
-        raise ValueError(f"block_tables: expected [{num_seqs}, max_blocks_per_seq >= 1], got {tuple(block_tables.shape)}")
-    device = query.device
-    pts = (num_blocks, num_kv_heads, block_size)
-    key_scale, kpt = _scale(key_scale, "key_scale", device, pts)
-    value_scale, vpt = _scale(value_scale, "value_scale", device, pts)
-    if kpt != vpt:
-        raise ValueError("value_scale: key_scale and value_scale must both be per tensor or both per token")
-    if softmax_scale is None:
-        softmax_scale = 1.0 / math.sqrt(head_dim)
-    if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)):
-        raise TypeError(f"softmax_scale: expected a float or None, got {type(softmax_scale).__name__}")
-    if not (math.isfinite(softmax_scale) and softmax_scale > 0):
-        raise ValueError(f"softmax_scale: must be finite and > 0, got {softmax_scale}")
-    if num_partitions == 1:
-        if out is None:
-            out = torch.empty(query.shape, dtype=query.dtype, device=device)
-        else:
-            _need_tensor(out, "out")
-            if out.dtype != query.dtype or tuple(out.shape) != tuple(query.shape):
-                raise ValueError(f"out: expected {query.dtype} {tuple(query.shape)}, got {out.dtype} {tuple(out.shape)}")
-            if not out.is_contiguous():
-                raise ValueError("out: must be contiguous")
-    named = dict(query=query, key_cache=key_cache, value_cache=value_cache, block_tables=block_tables,
-                 context_lengths=context_lengths, key_scale=key_scale, value_scale=value_scale)
-    if out is not None:
-        named["out"] = out
-    for name, x in named.items():
-        if x.device != device:
-            raise ValueError(f"{name}: on {x.device}, but query is on {device}")
-    if device.type == "cpu":
-        # Values are checked only where reading them is free; on a GPU this would synchronize.
-        ctx = context_lengths.to(torch.int64)
-        room = block_tables.shape[1] * block_size
-        bad = (ctx < query_length) | (ctx > room)
-        if bad.any():
-            s = int(bad.nonzero()[0])
-            raise ValueError(f"context_lengths: sequence {s} has {int(ctx[s])} tokens; need {query_length} .. {room}")
-        used = torch.arange(block_tables.shape[1]) * block_size < ctx[:, None]
-        bt = block_tables.to(torch.int64)
-        wrong = used & ((bt < 0) | (bt >= num_blocks))
-        if wrong.any():
-            s, j = (int(i) for i in wrong.nonzero()[0])
-            raise ValueError(f"block_tables: entry [{s}, {j}] = {int(bt[s, j])} is not a page id in [0, {num_blocks})")
-    span = (query.shape[0] - 1) * query.stride(0) + (num_q_heads - 1) * query.stride(1) + head_dim
-    if span * 2 >= 2**31 or query.numel() * 2 >= 2**31:
-        raise ValueError("query: too large for the kernel's 32-bit byte offsets")
-    rows, _, _, _ = plan(head_dim, group, query_length, m_tiles)
-    if num_partitions > 1:
-        shape = (num_seqs, num_kv_heads, num_partitions, rows)
-        parts = (torch.empty(shape, dtype=torch.float32, device=device),
-                 torch.empty(shape, dtype=torch.float32, device=device),
-                 torch.empty(shape + (head_dim,), dtype=torch.float32, device=device))
-        dummy = torch.empty(1, dtype=query.dtype, device=device)
-        first = (dummy,) + parts
-    else:
-        dummy = torch.empty(1, dtype=torch.float32, device=device)
-        first = (out, dummy, dummy, dummy)
-    args = first + (
-        query, key_cache.view(torch.uint8), value_cache.view(torch.uint8), block_tables.contiguous(),
-        context_lengths.contiguous(), key_scale, value_scale,
-        num_seqs, num_kv_heads, block_tables.shape[1], query.stride(0), query.stride(1),
-        float(softmax_scale) * LOG2E,
+def kernel_args(p, first, query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale):
+    """The launcher's arguments for a validated problem ``p``: ``first`` is ``(out, pmax, psum, pout)``
+    (the unsplit kernel writes only ``out``; a split writes only the partials)."""
+    return tuple(first) + (
+        query, key_cache.view(torch.uint8), value_cache.view(torch.uint8), block_tables, context_lengths,
+        key_scale, value_scale, p.num_seqs, p.num_kv_heads, p.max_blocks, query.stride(0), query.stride(1),
+        p.scale_log2,
     )
-    launcher = build_launcher(arch, block_size, head_dim, group, query_length, QUERY_DTYPES[query.dtype], kpt,
-                              trans_v, sliding_window, num_partitions, m_tiles)
-    return launcher, args, arch
+
+
+def partial_shapes(p, num_partitions, m_tiles=None):
+    """Shapes of ``(pmax, psum, pout)`` for a split into ``num_partitions``; a split whose byte offsets
+    would not fit the kernel's 32 bits is refused."""
+    rows = plan(p.head_dim, p.group, p.query_length, m_tiles)[0]
+    stats = (p.num_seqs, p.num_kv_heads, num_partitions, rows)
+    if p.num_seqs * p.num_kv_heads * num_partitions * rows * p.head_dim * 4 >= 2**31:
+        raise ValueError(f"num_partitions: {num_partitions} partitions of {p.num_seqs} sequences need partial "
+                         f"outputs beyond the kernel's 32-bit byte offsets; use fewer partitions")
+    return stats, stats, stats + (p.head_dim,)
+
+
+def _describe(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale, softmax_scale,
+              query_length, sliding_window, arch, num_partitions, m_tiles):
+    problem.int_option(num_partitions, "num_partitions", 1, LIMITS.max_partitions)
+    if m_tiles is not None:
+        problem.int_option(m_tiles, "m_tiles", 1, LIMITS.max_m_tiles)
+    return problem.describe(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale,
+                            limits=LIMITS, softmax_scale=softmax_scale, query_length=query_length,
+                            sliding_window=sliding_window, arch=arch)
+
+
+def launcher_for(p, num_partitions=1, m_tiles=None):
+    """The compiled-once launcher for a validated problem."""
+    return build_launcher(p.arch, p.block_size, p.head_dim, p.group, p.query_length, p.q_dtype, p.per_token,
+                          p.v_layout == "trans_blocked", p.sliding_window, num_partitions, m_tiles)
 
 
 def launch_args(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale, *,
                 softmax_scale=None, query_length=None, sliding_window=0, out=None, arch=None,
                 num_partitions=1, m_tiles=None):
     """``(launcher, args, arch)`` after validation: ``launcher(*args)`` runs the kernel,
-    ``pa_tile.toolchain.compile_isa(launcher, *args, arch=arch)`` shows its assembly."""
-    return _validate(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale,
-                     softmax_scale, query_length, sliding_window, out, arch, num_partitions, m_tiles)
-
-
-def _run(launcher, args, arch):
-    from pa_tile import backend, toolchain
-
-    backend.ensure_backend()
-    with toolchain.target_arch(arch):
-        launcher(*args)
+    ``pa_tile.toolchain.compile_isa(launcher, *args, arch=arch)`` shows its assembly. With
+    ``num_partitions`` > 1 the partial buffers are ``args[1:4]`` and ``out`` is unused."""
+    p = _describe(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale,
+                  softmax_scale, query_length, sliding_window, arch, num_partitions, m_tiles)
+    ks, vs = problem.scale_tensors(p, key_scale, value_scale)
+    if num_partitions > 1:
+        first = (torch.empty(1, dtype=query.dtype, device=query.device),) + tuple(
+            torch.empty(s, dtype=torch.float32, device=query.device) for s in partial_shapes(p, num_partitions, m_tiles))
+    else:
+        d = torch.empty(1, dtype=torch.float32, device=query.device)
+        first = (problem.output(p, query, out), d, d, d)
+    args = kernel_args(p, first, query, key_cache, value_cache, block_tables, context_lengths, ks, vs)
+    return launcher_for(p, num_partitions, m_tiles), args, p.arch
 
 
 def paged_decode(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale, *,
@@ -657,13 +526,15 @@ def paged_decode(query, key_cache, value_cache, block_tables, context_lengths, k
     [num_blocks, num_kv_heads, block_size//16, head_dim, 16] or plain [num_blocks, num_kv_heads,
     head_dim, block_size]; fp8 e4m3 of the arch (or uint8 codes); ``block_tables`` [num_seqs,
     max_blocks] int32; ``context_lengths`` [num_seqs] int32 (query_length .. max_blocks·block_size);
-    float32 scales, both [1] or both [num_blocks, num_kv_heads, block_size]; ``query_length``
+    float32 scales (> 0), both [1] or both [num_blocks, num_kv_heads, block_size]; ``query_length``
     defaults to rows / num_seqs; ``sliding_window`` as in ``pa_tile.reference`` (0: none);
     ``m_tiles`` caps the 16-row M-tiles per workgroup (default 1; >1 runs the phase split).
+    Validation: ``pa_tile.problem``.
     """
-    launcher, args, arch = _validate(query, key_cache, value_cache, block_tables, context_lengths, key_scale,
-                                     value_scale, softmax_scale, query_length, sliding_window, out, arch, 1, m_tiles)
-    _run(launcher, args, arch)
+    launcher, args, arch = launch_args(query, key_cache, value_cache, block_tables, context_lengths, key_scale,
+                                       value_scale, softmax_scale=softmax_scale, query_length=query_length,
+                                       sliding_window=sliding_window, out=out, arch=arch, m_tiles=m_tiles)
+    launching.launch(launcher, args, arch=arch)
     return args[0]
 
 
@@ -672,8 +543,9 @@ def paged_decode_partials(query, key_cache, value_cache, block_tables, context_l
                           m_tiles=None):
     """The split-K half of chapter 6: ``(pmax, psum, pout)`` of each of ``num_partitions``
     partitions (layouts and empty-partition values in ``build_launcher``)."""
-    launcher, args, arch = _validate(query, key_cache, value_cache, block_tables, context_lengths, key_scale,
-                                     value_scale, softmax_scale, query_length, sliding_window, None, arch,
-                                     num_partitions, m_tiles)
-    _run(launcher, args, arch)
+    launcher, args, arch = launch_args(query, key_cache, value_cache, block_tables, context_lengths, key_scale,
+                                       value_scale, softmax_scale=softmax_scale, query_length=query_length,
+                                       sliding_window=sliding_window, arch=arch, num_partitions=num_partitions,
+                                       m_tiles=m_tiles)
+    launching.launch(launcher, args, arch=arch)
     return args[1], args[2], args[3]

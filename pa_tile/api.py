@@ -1,0 +1,306 @@
+"""The finished kernel's API: plan once per batch, run per layer, and a PyTorch op.
+
+::
+
+    plan = pa_tile.plan(query, key_cache, value_cache, block_tables, context_lengths, k_scale, v_scale)
+    for layer in layers:                      # same shapes, new tensors each layer
+        out = plan.run(q[layer], k_caches[layer], v_caches[layer], out=out_buf)
+
+``plan`` validates everything once (``pa_tile.problem``), chooses the split-K partition count
+from the shapes and the device's CU count, and carves the workspace; ``Plan.run`` only checks
+that the tensors it is given match the plan (metadata, no values: no host sync), then launches
+chapter 5's kernel (and chapter 6's reduce when split) through ``pa_tile.launching`` (compiled
+once, on torch's current stream). With ``out=`` given ``run`` allocates nothing, so it can be
+captured in a CUDA/HIP graph. ``paged_decode`` is the one-shot call built on the same pieces.
+
+``torch.ops.pa_tile.paged_decode`` (``torch.library.custom_op``, mutating ``out`` and
+``workspace``) is what ``paged_decode`` and ``run`` call while PyTorch traces them
+(``torch.compile``, ``FakeTensorMode``), so user code calling them compiles; in eager mode they
+call the same implementation directly, skipping the op dispatcher's host cost.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+import torch
+
+from pa_tile import backend, launching, problem
+from pa_tile.stages import s5_phase_split_mtp as s5
+from pa_tile.stages import s6_split_k as s6
+
+__all__ = ["plan", "Plan", "paged_decode", "make_workspace", "workspace_size", "choose_num_partitions", "LIMITS"]
+
+#: the finished kernel supports what chapter 5's does, plus the split
+LIMITS = dataclasses.replace(s5.LIMITS, stage="paged_decode")
+workspace_size = s6.workspace_size
+choose_num_partitions = s6.choose_num_partitions
+
+
+def _partitions(p: problem.Problem, num_partitions, m_tiles) -> int:
+    if num_partitions is None:
+        return s6.choose_num_partitions(p.num_seqs, p.num_kv_heads, p.max_context, arch=p.arch, head_dim=p.head_dim,
+                                        group=p.group, query_length=p.query_length,
+                                        cu_count=backend.cu_count(p.torch_device, p.arch))
+    return problem.int_option(num_partitions, "num_partitions", 1, LIMITS.max_partitions)
+
+
+def _workspace(p: problem.Problem, parts: int, m_tiles, workspace):
+    if parts > 1:
+        s5.partial_shapes(p, parts, m_tiles)  # refuses splits beyond 32-bit offsets
+    need = s6.workspace_size(p.num_seqs, p.num_kv_heads, p.group, p.query_length, p.head_dim, parts)
+    if workspace is None:
+        return torch.empty(need, dtype=torch.float32, device=p.torch_device)
+    problem.need_tensor(workspace, "workspace")
+    if workspace.dtype != torch.float32 or workspace.dim() != 1 or not workspace.is_contiguous():
+        raise ValueError(f"workspace: expected a contiguous 1-d float32 tensor, got {workspace.dtype} "
+                         f"{tuple(workspace.shape)}")
+    if workspace.device != p.torch_device:
+        raise ValueError(f"workspace: on {workspace.device}, but query is on {p.device}")
+    if workspace.numel() < need:
+        raise ValueError(f"workspace: {parts} partitions need {need} float32 elements, got {workspace.numel()} "
+                         f"(size it with pa_tile.make_workspace or workspace_size)")
+    return workspace
+
+
+def _describe(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale, *,
+              softmax_scale, sliding_window, query_length, m_tiles, arch, check_values):
+    if m_tiles is not None:
+        problem.int_option(m_tiles, "m_tiles", 1, LIMITS.max_m_tiles)
+    if check_values is None:
+        check_values = query.device.type == "cpu" and not _tracing(query)
+    return problem.describe(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale,
+                            limits=LIMITS, softmax_scale=softmax_scale, query_length=query_length,
+                            sliding_window=sliding_window, arch=arch, check_values_now=check_values)
+
+
+def _tracing(t) -> bool:
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return isinstance(t, FakeTensor) or torch.compiler.is_compiling()
+
+
+class Pipeline:
+    """The partial kernel and (when split) the reduce as one callable over ``@flyc.jit``
+    launchers, for ``pa_tile.toolchain.compile_isa`` and the benchmark's graph capture."""
+
+    def __init__(self, steps, arch):
+        self.steps, self.arch = steps, arch
+
+    def __call__(self, stream=None):
+        for launcher, args in self.steps:
+            if stream is None:
+                launcher(*args)
+            else:
+                launcher(*args, stream=stream)
+
+    @property
+    def _mem_cache(self):  # toolchain.compile_isa clears it to force code generation
+        import types
+
+        return types.SimpleNamespace(clear=lambda: [getattr(l, "_mem_cache", {}).clear() for l, _ in self.steps])
+
+
+class Plan:
+    """A validated batch: problem, partition count, workspace, block tables, context lengths and
+    default scales fixed. ``run`` is the per-layer call."""
+
+    def __init__(self, p: problem.Problem, num_partitions: int, m_tiles: Optional[int], workspace, block_tables,
+                 context_lengths, key_scale, value_scale, query_meta):
+        self.problem, self.num_partitions, self.m_tiles = p, num_partitions, m_tiles
+        self.workspace, self.block_tables, self.context_lengths = workspace, block_tables, context_lengths
+        self.key_scale, self.value_scale = problem.scale_tensors(p, key_scale, value_scale)
+        self._query_meta = query_meta
+        rows = s5.plan(p.head_dim, p.group, p.query_length, m_tiles)[0]
+        self._partials = (s6.carve(workspace, p.num_seqs, p.num_kv_heads, rows, p.head_dim, num_partitions)
+                          if num_partitions > 1 else (workspace[:1],) * 3)
+        self._out_shape = (p.num_seqs * p.query_length, p.num_q_heads, p.head_dim)
+
+    # -- the per-layer call --------------------------------------------------------------------
+
+    def run(self, query, key_cache, value_cache, key_scale=None, value_scale=None, out=None):
+        """Attention of this layer's ``query`` over its caches; returns ``out``. Checks that the
+        tensors match the plan (shapes, dtypes, device, query strides' reach); scales default to
+        the plan's. No value is read (no host sync); with ``out`` given nothing is allocated."""
+        self._check(query, "query", self._query_meta)
+        self._check_cache(key_cache, "key_cache")
+        self._check_cache(value_cache, "value_cache")
+        ks = self.key_scale if key_scale is None else self._scale(key_scale, "key_scale")
+        vs = self.value_scale if value_scale is None else self._scale(value_scale, "value_scale")
+        if out is None:
+            out = torch.empty(self._out_shape, dtype=query.dtype, device=query.device)
+        elif out.shape != self._out_shape or out.dtype != query.dtype or out.device != query.device \
+                or not out.is_contiguous():
+            raise ValueError(f"out: expected a contiguous {query.dtype} {self._out_shape} on {query.device}, "
+                             f"got {out.dtype} {tuple(out.shape)} on {out.device}")
+        if _tracing(query):
+            p = self.problem
+            torch.ops.pa_tile.paged_decode(query, key_cache, value_cache, self.block_tables, self.context_lengths,
+                                           ks, vs, out, self.workspace, p.softmax_scale, p.sliding_window,
+                                           p.query_length, self.num_partitions, self.m_tiles or 0, p.arch)
+        else:
+            self._launch(query, key_cache, value_cache, ks, vs, out)
+        return out
+
+    @property
+    def _partial(self):  # built on first use: tracing a plan (torch.compile) must not build kernels
+        return s5.launcher_for(self.problem, self.num_partitions, self.m_tiles)
+
+    @property
+    def _reduce(self):
+        p = self.problem
+        return s6.build_reduce(p.head_dim, p.group, p.query_length, p.q_dtype) if self.num_partitions > 1 else None
+
+    def _launch(self, query, key_cache, value_cache, ks, vs, out):
+        p, device = self.problem, query.device
+        args = s5.kernel_args(p, (out,) + tuple(self._partials), query, key_cache, value_cache, self.block_tables,
+                              self.context_lengths, ks, vs)
+        launching.launch(self._partial, args, arch=p.arch, device=device)
+        if self.num_partitions > 1:
+            launching.launch(self._reduce, (out,) + tuple(self._partials) + (p.num_seqs, p.num_kv_heads,
+                                                                              self.num_partitions),
+                             arch=p.arch, device=device)
+
+    def pipeline(self, query, key_cache, value_cache, out=None) -> Pipeline:
+        """The launches of one ``run`` as a :class:`Pipeline` (``compile_isa``, graph capture)."""
+        out = problem.output(self.problem, query, out)
+        p = self.problem
+        args = s5.kernel_args(p, (out,) + tuple(self._partials), query, key_cache, value_cache, self.block_tables,
+                              self.context_lengths, self.key_scale, self.value_scale)
+        steps = [(self._partial, args)]
+        if self._reduce is not None:
+            steps.append((self._reduce, (out,) + tuple(self._partials) + (p.num_seqs, p.num_kv_heads,
+                                                                           self.num_partitions)))
+        pipe = Pipeline(steps, p.arch)
+        pipe.out = out
+        return pipe
+
+    # -- per-call checks: metadata only --------------------------------------------------------
+
+    def _check(self, x, name, meta):
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
+        if (x.shape, x.dtype, x.device, x.stride()) != meta:
+            shape, dtype, device, stride = meta
+            raise ValueError(f"{name}: the plan was made for {dtype} {tuple(shape)} (strides {stride}) on {device}, "
+                             f"got {x.dtype} {tuple(x.shape)} (strides {x.stride()}) on {x.device}; make a new plan")
+
+    def _check_cache(self, x, name):
+        p = self.problem
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
+        want = self._cache_meta[name]
+        if (x.shape, x.dtype, x.device) != want or not x.is_contiguous():
+            raise ValueError(f"{name}: the plan was made for a contiguous {want[1]} {tuple(want[0])} on {p.device}, "
+                             f"got {x.dtype} {tuple(x.shape)} on {x.device}; make a new plan")
+
+    def _scale(self, x, name):
+        p = self.problem
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name}: Plan.run takes float32 tensors (a float would allocate); got "
+                            f"{type(x).__name__}")
+        want = p.per_token_shape if p.per_token else (1,)
+        if x.dtype != torch.float32 or x.device != p.torch_device or (tuple(x.shape) != tuple(want)
+                                                                       and not (not p.per_token and x.numel() == 1)):
+            raise ValueError(f"{name}: expected float32 {list(want)} on {p.device} like the plan's, got "
+                             f"{x.dtype} {tuple(x.shape)} on {x.device}")
+        return x if p.per_token else x.reshape(1)
+
+    def __repr__(self) -> str:
+        p = self.problem
+        return (f"Plan({p.num_seqs} seqs x {p.query_length} queries, {p.num_q_heads}/{p.num_kv_heads} heads, "
+                f"head_dim {p.head_dim}, block {p.block_size}, {p.arch}, {self.num_partitions} partition(s))")
+
+
+def plan(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale, *,
+         softmax_scale=None, sliding_window=0, query_length=None, workspace=None, num_partitions=None,
+         m_tiles=None, arch=None, check_values=None) -> Plan:
+    """Validate a batch once and fix what its layers share; -> :class:`Plan`.
+
+    Arguments as :func:`paged_decode`. ``check_values``: read context lengths, page ids and scales
+    to check them (``pa_tile.problem.check_values``); ``None`` does so only for CPU tensors, where
+    it is free; ``True`` on a GPU costs one host sync, here, not in ``run``. Allocates the
+    workspace unless one is given (``make_workspace``)."""
+    p = _describe(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale,
+                  softmax_scale=softmax_scale, sliding_window=sliding_window, query_length=query_length,
+                  m_tiles=m_tiles, arch=arch, check_values=check_values)
+    parts = _partitions(p, num_partitions, m_tiles)
+    ws = _workspace(p, parts, m_tiles, workspace)
+    pl = Plan(p, parts, m_tiles, ws, block_tables, context_lengths, key_scale, value_scale,
+              (query.shape, query.dtype, query.device, query.stride()))
+    pl._cache_meta = {"key_cache": (key_cache.shape, key_cache.dtype, key_cache.device),
+                      "value_cache": (value_cache.shape, value_cache.dtype, value_cache.device)}
+    return pl
+
+
+def paged_decode(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale, *,
+                 softmax_scale=None, sliding_window=0, query_length=None, out=None, workspace=None,
+                 num_partitions=None, m_tiles=None, arch=None):
+    """fp8 paged decode attention (the finished pa_tile kernel); returns ``out``.
+
+    ``query`` [num_seqs·query_length, num_q_heads, head_dim] f16/bf16 (row ``s·query_length + i`` is
+    draft ``i`` of sequence ``s``, the last ``query_length`` positions, causally masked; rows and
+    heads may be strided); ``key_cache`` blocked [num_blocks, num_kv_heads, head_dim//16, block_size,
+    16]; ``value_cache`` trans-blocked [num_blocks, num_kv_heads, block_size//16, head_dim, 16] or
+    plain [num_blocks, num_kv_heads, head_dim, block_size]; fp8 e4m3 of the arch (FNUZ on gfx942,
+    OCP on gfx950) or uint8 codes; ``block_tables`` [num_seqs, max_blocks] int32;
+    ``context_lengths`` [num_seqs] int32; scales (> 0), floats or float32 tensors, both [1] or both
+    [num_blocks, num_kv_heads, block_size] (per token). ``sliding_window``: a query at position p
+    sees tokens (p - W, p] (0 = all). ``num_partitions``: split-K count (None =
+    ``choose_num_partitions`` for the device's CU count). With ``out`` and ``workspace``
+    (``make_workspace``) given, nothing is allocated: the call can be captured in a CUDA/HIP graph.
+    ``arch`` defaults to the tensors' device (the emulator's for CPU tensors).
+
+    Checks (``pa_tile.problem``): every argument's kind, dtype, shape, layout and device, before any
+    launch; values (context lengths, page ids, scale values) only for CPU tensors, where reading
+    them is free; use ``plan(..., check_values=True)`` to check them once on a GPU.
+    """
+    pl = plan(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale,
+              softmax_scale=softmax_scale, sliding_window=sliding_window, query_length=query_length,
+              workspace=workspace, num_partitions=num_partitions, m_tiles=m_tiles, arch=arch)
+    return pl.run(query, key_cache, value_cache, out=out)
+
+
+def make_workspace(query, key_cache, block_tables, *, query_length=None, num_partitions=None, arch=None,
+                   value_cache=None, context_lengths=None):
+    """A float32 workspace for ``paged_decode`` calls with these shapes: the same validation of the
+    arguments it is given and the same partition choice as the call."""
+    p = problem.describe(query, key_cache, value_cache, block_tables, context_lengths, None, None, limits=LIMITS,
+                         query_length=query_length, arch=arch)
+    return _workspace(p, _partitions(p, num_partitions, None), None, None)
+
+
+# ---------------------------------------------------------------------------------------------
+# the PyTorch op
+
+_op_problems: dict = {}
+
+
+@torch.library.custom_op("pa_tile::paged_decode", mutates_args=("out", "workspace"))
+def _paged_decode_op(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                     block_tables: torch.Tensor, context_lengths: torch.Tensor, key_scale: torch.Tensor,
+                     value_scale: torch.Tensor, out: torch.Tensor, workspace: torch.Tensor, softmax_scale: float,
+                     sliding_window: int, query_length: int, num_partitions: int, m_tiles: int,
+                     arch: str) -> None:
+    key = tuple((t.shape, t.dtype, t.device, t.stride()) for t in (query, key_cache, value_cache, block_tables,
+                                                                    context_lengths, key_scale, value_scale, out,
+                                                                    workspace))
+    key += (softmax_scale, sliding_window, query_length, num_partitions, m_tiles, arch, workspace.data_ptr())
+    pl = _op_problems.get(key)
+    if pl is None:
+        pl = plan(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale,
+                  softmax_scale=softmax_scale, sliding_window=sliding_window, query_length=query_length,
+                  workspace=workspace, num_partitions=num_partitions, m_tiles=m_tiles or None, arch=arch,
+                  check_values=False)
+        _op_problems[key] = pl
+    else:
+        pl.block_tables, pl.context_lengths = block_tables, context_lengths
+    pl._launch(query, key_cache, value_cache, key_scale.reshape(-1) if key_scale.numel() == 1 else key_scale,
+               value_scale.reshape(-1) if value_scale.numel() == 1 else value_scale, out)
+
+
+@_paged_decode_op.register_fake
+def _(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale, out, workspace,
+      softmax_scale, sliding_window, query_length, num_partitions, m_tiles, arch) -> None:
+    return None

@@ -1,0 +1,134 @@
+"""The launch boundary every pa_tile kernel goes through, on the GPU and in the emulator alike.
+
+* **Compiled once.** ``@flyc.jit`` traces the Python launcher on every call before it can hit a
+  cache; ``flyc.compile`` returns a ``CompiledFunction`` whose calls skip tracing. ``launch``
+  keeps one per (launcher, arch, argument signature) for the life of the process, so the first
+  call of a configuration pays for tracing and code generation and later calls only marshal
+  arguments. Tensor shapes are runtime values of the compiled code (FlyDSL's layout-dynamic
+  tensors); the signature holds what is compiled in: dtypes, ranks and stride alignment.
+* **One device.** Every tensor argument must be on one device (a named ``ValueError``): host
+  pointers must never reach a GPU launch, and device pointers never the emulator.
+* **The caller's stream.** On a GPU the kernel is queued on torch's current stream of the
+  tensors' device, so it orders with the surrounding torch work and is captured by CUDA/HIP
+  graphs; the emulator runs launches synchronously.
+* **A simulated GPU** (``pa_tile.backend.simulate_gpu``) replaces the launch by a check that
+  every tensor is a ``cuda`` tensor and the arch is the device's, and records it.
+
+FlyDSL's own rule decides whether ``flyc.compile`` runs the kernel: with live device tensors it
+does (the first launch), with CPU tensors (the emulator) it only compiles. ``launch`` follows it,
+so each call launches exactly once either way.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Dict, Optional, Sequence, Tuple
+
+import torch
+
+__all__ = ["launch", "check_one_device", "compiled_count", "clear_cache"]
+
+_compiled: Dict[tuple, object] = {}
+_lock = threading.Lock()
+
+
+def check_one_device(args: Sequence, names: Optional[Sequence[str]] = None) -> torch.device:
+    """The device all tensor ``args`` share; a ``ValueError`` naming the first one that differs."""
+    device = None
+    first = None
+    for i, a in enumerate(args):
+        if isinstance(a, torch.Tensor):
+            if device is None:
+                device, first = a.device, (names[i] if names else f"argument {i}")
+            elif a.device != device:
+                name = names[i] if names else f"argument {i}"
+                raise ValueError(f"{name}: on {a.device}, but {first} is on {device}; "
+                                 f"every tensor of a launch must be on one device")
+    if device is None:
+        raise ValueError("a launch needs at least one tensor argument")
+    return device
+
+
+def _signature(args) -> tuple:
+    sig = []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            # shapes are dynamic; the stride-1 axis and stride alignment are compiled in
+            sig.append((a.dtype, a.dim(), tuple(s & -s if s else 0 for s in a.stride())))
+        else:
+            sig.append(type(a))
+    return tuple(sig)
+
+
+def _check_simulated(gpu, jit_fn, args, names, arch) -> None:
+    for i, a in enumerate(args):
+        if isinstance(a, torch.Tensor) and a.device.type != "cuda":
+            name = names[i] if names else f"argument {i}"
+            raise ValueError(f"{name}: a {a.device.type} tensor was handed to a launch on the (simulated) "
+                             f"{gpu.arch} GPU")
+    if arch != gpu.arch:
+        raise ValueError(f"arch: code compiled for {arch} was launched on a {gpu.arch} GPU")
+    gpu.launches.append((getattr(jit_fn, "__name__", type(jit_fn).__name__), arch,
+                         tuple(tuple(a.shape) if isinstance(a, torch.Tensor) else a for a in args)))
+
+
+def launch(jit_fn, args: Sequence, *, arch: str, names: Optional[Sequence[str]] = None,
+           device: Optional[torch.device] = None) -> None:
+    """Run the ``@flyc.jit`` launcher ``jit_fn`` on ``args`` (its parameters before ``stream``)
+    for ``arch``, compiling it on first use. ``names`` name the arguments in errors; ``device``
+    skips the device scan when the caller has already checked it."""
+    from pa_tile import backend
+
+    if device is None:
+        device = check_one_device(args, names)
+    gpu = backend.simulated_gpu()
+    if gpu is not None:
+        _check_simulated(gpu, jit_fn, args, names, arch)
+        return
+    on_gpu = device.type == "cuda"
+    stream = torch.cuda.current_stream(device) if on_gpu else None
+    key = (jit_fn, arch, _signature(args))
+    compiled = _compiled.get(key)
+    if compiled is None:
+        with _lock:
+            compiled = _compiled.get(key)
+            if compiled is None:
+                compiled = _compile(jit_fn, args, stream, arch, on_gpu)
+                _compiled[key] = compiled
+                if on_gpu:
+                    return  # flyc.compile ran it: live device arguments launch on compile
+    if on_gpu:
+        compiled(*args, stream)
+    else:
+        from pa_tile import toolchain
+
+        with toolchain.target_arch(arch):  # the emulator reads the arch of the launch here
+            compiled(*args, stream)
+
+
+def _compile(jit_fn, args, stream, arch, on_gpu):
+    import flydsl.compiler as flyc
+
+    from pa_tile import backend, toolchain
+
+    chosen = backend.ensure_backend()
+    if on_gpu and chosen != "gpu":
+        raise ValueError("query: GPU tensors were given, but kernels run in the emulator in this process "
+                         f"(backend {chosen!r}); pass CPU tensors or restart on the GPU backend")
+    if not on_gpu and chosen == "gpu":
+        raise ValueError("query: CPU tensors were given, but kernels run on the GPU in this process; "
+                         "move the tensors to the GPU (or use PA_TILE_BACKEND=emu)")
+    with toolchain.target_arch(arch):
+        return flyc.compile(jit_fn, *args, stream)
+
+
+def compiled_count() -> int:
+    """How many configurations this process has compiled through ``launch``."""
+    return len(_compiled)
+
+
+def clear_cache() -> None:
+    """Forget every compiled configuration (tests use it to count compilations)."""
+    with _lock:
+        _compiled.clear()
+

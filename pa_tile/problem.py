@@ -1,0 +1,411 @@
+"""One problem description: the single validation step every pa_tile launcher goes through.
+
+``describe(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale,
+limits=..., ...)`` checks every argument of a decode call against a stage's :class:`Limits` and
+returns an immutable :class:`Problem` (shapes, dtypes, layouts, arch, per-token or not, options).
+Stage launchers, ``make_workspace``, ``pa_tile.plan`` and ``pa_tile.paged_decode`` all call it;
+what differs between stages is data (their ``Limits``), not code.
+
+Errors: a ``TypeError`` (wrong kind or dtype) or ``ValueError`` (wrong shape, range, device)
+whose message starts with the argument's name, raised before anything is compiled or launched.
+
+Host syncs: :func:`describe` reads only tensor metadata (shapes, dtypes, strides, devices), never
+values, so it is free on a GPU. :func:`check_values` reads values (context lengths within the
+block table, page ids within the cache, scales finite and > 0): free for CPU tensors, a host
+sync for GPU tensors, so ``describe`` runs it only where it is free unless asked
+(``check_values=True``); ``pa_tile.plan`` lets the caller choose.
+
+Scales: each is a Python number or a float32 tensor, ``[1]`` (per tensor) or ``[num_blocks,
+num_kv_heads, block_size]`` (per token); both must be of the same kind. Zero, negative or
+non-finite scales are refused (a zero key scale turns masked scores into 0·-inf = NaN; a negative
+one breaks the max the softmax takes before scaling). The kernels round P to fp8 right after an
+exp2 whose argument is computed in float32: scores (``softmax_scale · q·k`` in log2 units) beyond
+about 2^18 in magnitude lose enough of float32 to let that rounding overflow fp8; that bound
+depends on the data, is not checked, and is far above any real attention's scores.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Optional, Tuple
+
+import torch
+
+from pa_tile import arch as _arch
+
+__all__ = ["Limits", "Problem", "describe", "check_values", "check_scales", "resolve_arch", "need_tensor",
+           "scale_tensors", "output",
+           "int_option", "K_LAYOUTS", "V_LAYOUTS", "QUERY_DTYPES", "MAX_SLIDING_WINDOW", "LOG2E"]
+
+LOG2E = 1.4426950408889634
+#: torch dtype -> the kernels' name for it
+QUERY_DTYPES = {torch.float16: "f16", torch.bfloat16: "bf16"}
+#: cache layouts by name (``pa_tile.cache`` builds them): dims after [num_blocks, num_kv_heads]
+K_LAYOUTS = {"plain": "[block_size, head_dim]", "blocked": "[head_dim//16, block_size, 16]"}
+V_LAYOUTS = {"plain": "[head_dim, block_size]", "trans_blocked": "[block_size//16, head_dim, 16]"}
+#: windows are compared with token positions in 32-bit arithmetic
+MAX_SLIDING_WINDOW = 2**31 - 1
+#: every offset the kernels compute is a signed 32-bit byte offset
+_OFFSET_LIMIT = 2**31
+#: the smallest positive normal float32: a score scale below it flushes to zero in the kernel
+_F32_TINY = 2.0**-126
+_F32_MAX = 3.4028234663852886e38
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+    """What one stage's kernel supports. Stage modules declare one; ``describe`` enforces it."""
+
+    stage: str
+    head_dims: Tuple[int, ...] = (128,)
+    block_sizes: Tuple[int, ...] = (16, 64)
+    groups: Optional[Tuple[int, ...]] = (8, 16)  # None: any of 1 .. max_group
+    max_group: int = 16
+    max_query_length: int = 1
+    query_dtypes: Tuple[torch.dtype, ...] = (torch.float16,)
+    k_layouts: Tuple[str, ...] = ("plain",)
+    v_layouts: Tuple[str, ...] = ("plain",)
+    per_token_scales: bool = False
+    strided_query: bool = False  # False: the launcher passes query.contiguous()
+    sliding_window: bool = False
+    max_partitions: int = 1
+    max_m_tiles: int = 1
+
+    def allows_group(self, g: int) -> bool:
+        return g in self.groups if self.groups is not None else 1 <= g <= self.max_group
+
+    def groups_text(self) -> str:
+        return " or ".join(map(str, self.groups)) if self.groups is not None else f"1..{self.max_group}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+    """An immutable description of one validated decode call (no tensors, only facts)."""
+
+    limits: Limits
+    arch: str
+    device: str  # torch device string of every tensor, e.g. "cpu" or "cuda:0"
+    num_seqs: int
+    query_length: int
+    num_q_heads: int
+    num_kv_heads: int
+    head_dim: int
+    block_size: int
+    num_blocks: int
+    max_blocks: int  # block-table width
+    q_dtype: str  # "f16" | "bf16"
+    k_layout: str
+    v_layout: str
+    per_token: bool
+    softmax_scale: float
+    sliding_window: int = 0
+
+    @property
+    def group(self) -> int:
+        """Query heads per KV head."""
+        return self.num_q_heads // self.num_kv_heads
+
+    @property
+    def rows(self) -> int:
+        """Query rows one KV head serves: group × query_length."""
+        return self.group * self.query_length
+
+    @property
+    def max_context(self) -> int:
+        """Tokens the block table can address."""
+        return self.max_blocks * self.block_size
+
+    @property
+    def scale_log2(self) -> float:
+        """The kernels' score scale: softmax_scale in log2 units."""
+        return self.softmax_scale * LOG2E
+
+    @property
+    def torch_device(self) -> torch.device:
+        return torch.device(self.device)
+
+    @property
+    def per_token_shape(self) -> Tuple[int, int, int]:
+        return (self.num_blocks, self.num_kv_heads, self.block_size)
+
+
+# ---------------------------------------------------------------------------------------------
+# small checks, shared by every launcher
+
+
+def need_tensor(x, name: str) -> torch.Tensor:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
+    return x
+
+
+def int_option(v, name: str, lo: int, hi: Optional[int] = None) -> int:
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise TypeError(f"{name}: expected an int, got {type(v).__name__}")
+    if v < lo or (hi is not None and v > hi):
+        raise ValueError(f"{name}: must be in [{lo}, {hi if hi is not None else 'inf'}], got {v}")
+    return v
+
+
+def resolve_arch(arch, device=None) -> str:
+    """The arch to compile for. ``None``: the arch of ``device`` (a GPU's gfx name) or, for CPU
+    tensors, the emulator's (``ARCH`` / ``FLYDSL_GPU_ARCH`` / gfx942). On a GPU an explicit arch
+    that differs from the device's is an error: that code cannot run there."""
+    from pa_tile import backend
+
+    dev_arch = backend.device_arch(device) if device is not None else None
+    if arch is None:
+        return dev_arch if dev_arch is not None else backend.default_arch()
+    arch = _arch.check_arch(arch)
+    if dev_arch is not None and arch != dev_arch:
+        raise ValueError(f"arch: {arch!r} was asked for, but the tensors are on {device}, a {dev_arch} GPU")
+    return arch
+
+
+def _check_fp8_cache(x, name: str, arch: str) -> None:
+    need_tensor(x, name)
+    want = _arch.fp8_torch_dtype(arch)
+    others = {_arch.fp8_torch_dtype(a) for a in _arch.ARCHS}
+    if x.dtype in others and x.dtype != want:
+        raise ValueError(f"{name}: {x.dtype} codes do not match {arch}, which decodes e4m3 as {want} "
+                         f"(FNUZ on gfx942, OCP on gfx950); convert the cache or pass the other arch")
+    if x.dtype not in (want, torch.uint8):
+        raise TypeError(f"{name}: expected {want} (or uint8 codes), got {x.dtype}")
+    if not x.is_contiguous():
+        raise ValueError(f"{name}: must be contiguous")
+    if x.numel() >= _OFFSET_LIMIT:
+        raise ValueError(f"{name}: {x.numel()} bytes exceed the kernel's 32-bit byte offsets")
+
+
+def _k_layout_of(key_cache, limits: Limits, head_dim: int):
+    dims = key_cache.dim()
+    layout = {4: "plain", 5: "blocked"}.get(dims)
+    if layout not in limits.k_layouts:
+        want = " or ".join(f"{k} [num_blocks, num_kv_heads, {K_LAYOUTS[k][1:]}" for k in limits.k_layouts)
+        raise ValueError(f"key_cache: stage {limits.stage} reads K {want}, got shape {tuple(key_cache.shape)}")
+    if layout == "plain":
+        num_blocks, num_kv_heads, block_size, d = key_cache.shape
+        ok = d == head_dim
+    else:
+        num_blocks, num_kv_heads, d16, block_size, w = key_cache.shape
+        ok = d16 * 16 == head_dim and w == 16
+    if not ok:
+        raise ValueError(f"key_cache: expected K {layout} [num_blocks, num_kv_heads, {K_LAYOUTS[layout][1:]} "
+                         f"with head_dim {head_dim}, got shape {tuple(key_cache.shape)}")
+    if block_size not in limits.block_sizes:
+        raise ValueError(f"key_cache: block_size must be one of {limits.block_sizes}, got {block_size} "
+                         f"(shape {tuple(key_cache.shape)})")
+    if num_blocks == 0 or num_kv_heads == 0:
+        raise ValueError(f"key_cache: empty dimension in shape {tuple(key_cache.shape)}")
+    return layout, num_blocks, num_kv_heads, block_size
+
+
+def _v_layout_of(value_cache, v_layout, limits: Limits, num_blocks, num_kv_heads, block_size, head_dim):
+    if v_layout is None:
+        by_dims = {4: "plain", 5: "trans_blocked"}.get(value_cache.dim())
+        v_layout = by_dims if by_dims in limits.v_layouts else limits.v_layouts[0]
+    elif not isinstance(v_layout, str) or v_layout not in limits.v_layouts:
+        raise ValueError(f"v_layout: stage {limits.stage} reads V as one of {limits.v_layouts}, got {v_layout!r}")
+    want = ((num_blocks, num_kv_heads, block_size // 16, head_dim, 16) if v_layout == "trans_blocked"
+            else (num_blocks, num_kv_heads, head_dim, block_size))
+    if tuple(value_cache.shape) != want:
+        raise ValueError(f"value_cache: expected V {v_layout} {list(want)} (pa_tile.cache builds it), "
+                         f"got {tuple(value_cache.shape)}")
+    return v_layout
+
+
+def _scale_kind(x, name: str, device, per_token_shape, limits: Limits) -> bool:
+    """Checks one scale's kind, dtype, shape and device; -> per_token. Values: ``check_scales``."""
+    if isinstance(x, bool) or not isinstance(x, (int, float, torch.Tensor)):
+        raise TypeError(f"{name}: expected a float or a float32 tensor, got {type(x).__name__}")
+    if not isinstance(x, torch.Tensor):
+        if not (math.isfinite(x) and x > 0):
+            raise ValueError(f"{name}: must be finite and > 0, got {x}")
+        return False
+    if x.dtype != torch.float32:
+        raise TypeError(f"{name}: expected float32, got {x.dtype}")
+    if x.device != device:
+        raise ValueError(f"{name}: on {x.device}, but query is on {device}")
+    if x.numel() == 1 and x.dim() <= 1:
+        return False
+    if limits.per_token_scales and tuple(x.shape) == tuple(per_token_shape):
+        if not x.is_contiguous():
+            raise ValueError(f"{name}: a per-token scale must be contiguous")
+        return True
+    want = f"[1] (per tensor) or {list(per_token_shape)} (per token)" if limits.per_token_scales else "[1]"
+    raise ValueError(f"{name}: stage {limits.stage} takes a scale of shape {want}, got {tuple(x.shape)}")
+
+
+def check_scales(key_scale, value_scale) -> None:
+    """Scale values finite and > 0. Reads tensor values: a host sync for GPU tensors."""
+    for name, x in (("key_scale", key_scale), ("value_scale", value_scale)):
+        if isinstance(x, torch.Tensor):
+            if x.numel() == 0 or not bool(torch.isfinite(x).all()) or not bool((x > 0).all()):
+                bad = x[~(torch.isfinite(x) & (x > 0))].flatten()[:1].tolist()
+                raise ValueError(f"{name}: every scale must be finite and > 0, found {bad[0] if bad else x}")
+
+
+def check_values(problem: Problem, block_tables, context_lengths, key_scale=None, value_scale=None) -> None:
+    """The checks that read tensor values (see the module docstring): each context length in
+    ``query_length .. max_blocks·block_size``, every page id a sequence uses in ``[0,
+    num_blocks)``, scales finite and > 0. A host sync when the tensors are on a GPU."""
+    ql, room, nb = problem.query_length, problem.max_context, problem.num_blocks
+    lengths = context_lengths.tolist()
+    for s, n in enumerate(lengths):
+        if not ql <= n <= room:
+            raise ValueError(f"context_lengths: sequence {s} has {n} tokens; need {ql} .. {room} "
+                             f"(block_tables width {problem.max_blocks} x block_size {problem.block_size})")
+    bt = block_tables.to(torch.int64).cpu() if block_tables.device.type != "cpu" else block_tables.to(torch.int64)
+    used = torch.arange(bt.shape[1])[None, :] * problem.block_size < torch.tensor(lengths)[:, None]
+    wrong = used & ((bt < 0) | (bt >= nb))
+    if bool(wrong.any()):
+        s, j = (int(i) for i in wrong.nonzero()[0])
+        raise ValueError(f"block_tables: entry [{s}, {j}] = {int(bt[s, j])} is not a page id in [0, {nb})")
+    check_scales(key_scale, value_scale)
+
+
+# ---------------------------------------------------------------------------------------------
+# the one validation step
+
+
+def describe(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale, *,
+             limits: Limits, softmax_scale=None, query_length=None, sliding_window=0, arch=None,
+             v_layout=None, check_values_now: Optional[bool] = None) -> Problem:
+    """Validate a decode call against ``limits``; -> :class:`Problem`.
+
+    ``value_cache``, ``context_lengths`` and the scales may be ``None`` for callers that size
+    buffers before they have them (``make_workspace``): what is given is checked exactly as a
+    full call checks it; ``num_seqs`` then comes from ``block_tables``. ``check_values_now``:
+    ``None`` runs :func:`check_values` only when the tensors are on the CPU (free there).
+    """
+    need_tensor(query, "query")
+    device = query.device
+    arch = resolve_arch(arch, device)
+    if query.dtype not in limits.query_dtypes:
+        names = " or ".join(str(d).replace("torch.", "") for d in limits.query_dtypes)
+        raise TypeError(f"query: stage {limits.stage} takes {names}, got {query.dtype}")
+    if query.dim() != 3 or query.shape[0] == 0 or query.shape[1] == 0 or query.shape[2] not in limits.head_dims:
+        raise ValueError(f"query: expected [num_seqs*query_length >= 1, num_q_heads >= 1, head_dim in "
+                         f"{limits.head_dims}], got {tuple(query.shape)}")
+    # a stage without strided_query reads a contiguous copy (its launcher makes it)
+    if limits.strided_query and query.stride(2) != 1:
+        raise ValueError(f"query: channels (dim 2) must be contiguous; rows and heads may be strided, "
+                         f"got strides {query.stride()}")
+    total_rows, num_q_heads, head_dim = query.shape
+
+    _check_fp8_cache(key_cache, "key_cache", arch)
+    k_layout, num_blocks, num_kv_heads, block_size = _k_layout_of(key_cache, limits, head_dim)
+    if value_cache is not None:
+        _check_fp8_cache(value_cache, "value_cache", arch)
+        if value_cache.dtype != key_cache.dtype:
+            raise TypeError(f"value_cache: dtype {value_cache.dtype} differs from key_cache dtype {key_cache.dtype}")
+        v_layout = _v_layout_of(value_cache, v_layout, limits, num_blocks, num_kv_heads, block_size, head_dim)
+    elif v_layout is None:
+        v_layout = limits.v_layouts[0]
+    if num_q_heads % num_kv_heads or not limits.allows_group(num_q_heads // num_kv_heads):
+        raise ValueError(f"query: num_q_heads={num_q_heads} must be {limits.groups_text()} times key_cache's "
+                         f"num_kv_heads={num_kv_heads} for stage {limits.stage}")
+
+    need_tensor(block_tables, "block_tables")
+    if block_tables.dtype != torch.int32:
+        raise TypeError(f"block_tables: expected int32, got {block_tables.dtype}")
+    if block_tables.dim() != 2 or block_tables.shape[0] == 0 or block_tables.shape[1] == 0:
+        raise ValueError(f"block_tables: expected [num_seqs >= 1, max_blocks_per_seq >= 1], "
+                         f"got {tuple(block_tables.shape)}")
+    if not block_tables.is_contiguous():
+        raise ValueError("block_tables: must be contiguous")
+    num_seqs = block_tables.shape[0]
+    if context_lengths is not None:
+        need_tensor(context_lengths, "context_lengths")
+        if context_lengths.dtype != torch.int32:
+            raise TypeError(f"context_lengths: expected int32, got {context_lengths.dtype}")
+        if context_lengths.dim() != 1 or context_lengths.shape[0] != num_seqs:
+            raise ValueError(f"context_lengths: expected shape ({num_seqs},) (one per block_tables row), "
+                             f"got {tuple(context_lengths.shape)}")
+        if not context_lengths.is_contiguous():
+            raise ValueError("context_lengths: must be contiguous")
+    if query_length is None:
+        if total_rows % num_seqs:
+            raise ValueError(f"query: {total_rows} rows is not a multiple of num_seqs={num_seqs} (block_tables rows)")
+        query_length = total_rows // num_seqs
+    int_option(query_length, "query_length", 1, limits.max_query_length)
+    if total_rows != num_seqs * query_length:
+        raise ValueError(f"query: expected {num_seqs}*{query_length} rows (num_seqs*query_length), got {total_rows}")
+    span = (total_rows - 1) * query.stride(0) + (num_q_heads - 1) * query.stride(1) + head_dim
+    if span * query.element_size() >= _OFFSET_LIMIT:
+        raise ValueError("query: spans more bytes than the kernel's 32-bit byte offsets reach")
+
+    named = dict(key_cache=key_cache, value_cache=value_cache, block_tables=block_tables,
+                 context_lengths=context_lengths)
+    for name, x in named.items():
+        if x is not None and x.device != device:
+            raise ValueError(f"{name}: on {x.device}, but query is on {device}")
+    per_token = False
+    if key_scale is not None or value_scale is not None:
+        pts = (num_blocks, num_kv_heads, block_size)
+        kpt = _scale_kind(key_scale, "key_scale", device, pts, limits)
+        vpt = _scale_kind(value_scale, "value_scale", device, pts, limits)
+        if kpt != vpt:
+            raise ValueError("value_scale: key_scale and value_scale must both be per tensor or both per token")
+        per_token = kpt
+
+    if softmax_scale is None:
+        softmax_scale = 1.0 / math.sqrt(head_dim)
+    if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)):
+        raise TypeError(f"softmax_scale: expected a float or None, got {type(softmax_scale).__name__}")
+    # the kernels scale scores by float32(softmax_scale · log2 e) after taking their max
+    if not (math.isfinite(softmax_scale) and _F32_TINY <= softmax_scale * LOG2E <= _F32_MAX):
+        raise ValueError(f"softmax_scale: must be finite, > 0 and representable in float32 as a normal "
+                         f"number after the log2 e factor ({_F32_TINY / LOG2E:.3g} .. {_F32_MAX / LOG2E:.3g}), "
+                         f"got {softmax_scale}")
+    if sliding_window != 0 and not limits.sliding_window:
+        raise ValueError(f"sliding_window: stage {limits.stage} has no sliding window")
+    int_option(sliding_window, "sliding_window", 0, MAX_SLIDING_WINDOW)
+
+    problem = Problem(
+        limits=limits, arch=arch, device=str(device), num_seqs=num_seqs, query_length=query_length,
+        num_q_heads=num_q_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, block_size=block_size,
+        num_blocks=num_blocks, max_blocks=block_tables.shape[1], q_dtype=QUERY_DTYPES[query.dtype],
+        k_layout=k_layout, v_layout=v_layout, per_token=per_token, softmax_scale=float(softmax_scale),
+        sliding_window=sliding_window,
+    )
+    if check_values_now is None:
+        check_values_now = device.type == "cpu"
+    if check_values_now and context_lengths is not None:
+        check_values(problem, block_tables, context_lengths, key_scale, value_scale)
+    return problem
+
+
+# ---------------------------------------------------------------------------------------------
+# the tensors a launch takes, from a validated problem
+
+
+def scale_tensors(problem: Problem, key_scale, value_scale):
+    """``(key_scale, value_scale)`` as the kernels read them: float32 ``[1]`` or per-token tensors
+    on the problem's device. A Python number becomes a new one-element tensor (an allocation:
+    pass tensors for allocation-free calls). Kind and shape were checked by ``describe``."""
+    out = []
+    for x in (key_scale, value_scale):
+        if not isinstance(x, torch.Tensor):
+            x = torch.tensor([float(x)], dtype=torch.float32, device=problem.torch_device)
+        elif not problem.per_token:
+            x = x.reshape(1)
+        out.append(x)
+    return out[0], out[1]
+
+
+def output(problem: Problem, query, out, name: str = "out"):
+    """``out`` checked against the problem (shape and dtype of ``query``, contiguous, same device),
+    or a new tensor when ``out`` is None."""
+    shape = (problem.num_seqs * problem.query_length, problem.num_q_heads, problem.head_dim)
+    if out is None:
+        return torch.empty(shape, dtype=query.dtype, device=query.device)
+    need_tensor(out, name)
+    if out.dtype != query.dtype or tuple(out.shape) != shape:
+        raise ValueError(f"{name}: expected {query.dtype} {shape}, got {out.dtype} {tuple(out.shape)}")
+    if not out.is_contiguous():
+        raise ValueError(f"{name}: must be contiguous")
+    if out.device != query.device:
+        raise ValueError(f"{name}: on {out.device}, but query is on {query.device}")
+    return out
