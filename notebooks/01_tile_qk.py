@@ -46,7 +46,6 @@ uint8); per-tensor float32 scales ``[1]``; ``block_size`` 16 or 64; 8 or 16 quer
 
 import functools
 import math
-import numbers
 
 import torch
 
@@ -55,15 +54,17 @@ import flydsl.expr as fx
 from flydsl.expr import range_constexpr
 from flydsl.expr.typing import ReductionOp, T
 
+from pa_tile import launching, problem
+from pa_tile.arch import fp8_format, fp8_max
+
 __all__ = [
     "paged_decode",
     "launch_args",
-    "build_kernel",
+    "build_launcher",
     "HEAD_DIM",
     "TILE_TOKENS",
-    "BLOCK_SIZES",
-    "GROUP_SIZES",
-    "FP8_FORMATS",
+    "FX_FP8",
+    "LIMITS",
 ]
 
 # %% [markdown]
@@ -80,15 +81,12 @@ NUM_WAVES = 4  # waves per workgroup
 WAVE_SIZE = 64  # lanes per wave on CDNA
 MMA_ROWS = 16  # query rows per workgroup: the MFMA's M (a GQA group of 8 is padded to 16)
 ROW_THREADS = 16  # threads sharing one query row in the row-wise phases (16 rows x 16 = 256)
-BLOCK_SIZES = (16, 64)
-GROUP_SIZES = (8, 16)
 LOG2E = 1.4426950408889634
+#: what stage 1 supports (``pa_tile.problem.describe`` enforces it)
+LIMITS = problem.Limits(stage="s1", head_dims=(HEAD_DIM,), block_sizes=(16, 64), groups=(8, 16))
 
-# fp8 e4m3 flavour each architecture's MFMA reads: FlyDSL element type, torch dtype, largest finite value.
-FP8_FORMATS = {
-    "gfx942": (fx.Float8E4M3FNUZ, torch.float8_e4m3fnuz, 240.0),
-    "gfx950": (fx.Float8E4M3FN, torch.float8_e4m3fn, 448.0),
-}
+# FlyDSL's element type for each fp8 flavour (which flavour an arch reads: pa_tile.arch)
+FX_FP8 = {"fnuz": fx.Float8E4M3FNUZ, "ocp": fx.Float8E4M3FN}
 
 # %% [markdown]
 # ## The MFMA atom: which lane holds what
@@ -358,9 +356,9 @@ def zero_tokens_past(frag, first_token, n_valid):
 
 # %% tags=["export"]
 @functools.lru_cache(maxsize=None)
-def build_kernel(arch, block_size, group_size, softmax_scale):
+def build_launcher(arch, block_size, group_size, softmax_scale):
     """The stage-1 ``@flyc.jit`` launcher for one configuration (all four are compile-time)."""
-    fp8, _, fp8_max = FP8_FORMATS[arch]
+    fp8, fp8_max_ = FX_FP8[fp8_format(arch)], fp8_max(arch)
     chunk = TILE_TOKENS // ROW_THREADS  # scores per thread in the softmax phase
     log2_scale = softmax_scale * LOG2E  # softmax in base 2: exp(x) = exp2(x * log2 e)
 
@@ -414,13 +412,13 @@ def build_kernel(arch, block_size, group_size, softmax_scale):
         q = q_frag.load().to(fx.Float32)
         q = (row < group_size).select(q, fx.Vector.filled_like(q, 0.0))  # rows 8-15 of a group of 8: padding
         q_amax = row_allreduce(fx.absf(q).reduce(ReductionOp.MAX), fx.maxnumf)
-        q_codes = to_fp8(q * (fx.Float32(fp8_max) * rcp(fx.maxnumf(q_amax, fx.Float32(1e-30)))), fp8)
+        q_codes = to_fp8(q * (fx.Float32(fp8_max_) * rcp(fx.maxnumf(q_amax, fx.Float32(1e-30)))), fp8)
         lds64 = fx.make_copy_atom(fx.UniversalCopy64b(), fp8)
         sq_dst = row_split_copy(lds64, MMA_ROWS, 8).get_slice(tid).partition_D(sQ)
         sq_frag = fx.make_fragment_like(sq_dst)
         sq_frag.store(q_codes)
         fx.copy(lds64, sq_frag, sq_dst)
-        row_factor = q_amax * fx.Float32(log2_scale / fp8_max) * k_scale  # see "where every scale goes"
+        row_factor = q_amax * fx.Float32(log2_scale / fp8_max_) * k_scale  # see "where every scale goes"
         fx.gpu.barrier()
 
         # ── 2. the tiled MMA, its operand copies, and the per-thread index tensors ──
@@ -487,7 +485,7 @@ def build_kernel(arch, block_size, group_size, softmax_scale):
             correction = fx.math.exp2(m_old - m_new)
             l_new = l_old * correction + row_allreduce(p.reduce(ReductionOp.ADD), lambda a, b: a + b)
             p_frag = fx.make_fragment_like(p_dst)
-            p_frag.store(to_fp8(p * fx.Float32(fp8_max), fp8))  # p in [0, 1] -> [0, FP8_MAX]
+            p_frag.store(to_fp8(p * fx.Float32(fp8_max_), fp8))  # p in [0, 1] -> [0, FP8_MAX]
             fx.copy(p_atom, p_frag, p_dst)
             if part == 0:
                 fx.memref_store(correction, sRow, row)
@@ -518,7 +516,7 @@ def build_kernel(arch, block_size, group_size, softmax_scale):
             fx.memref_store(l_final, sRow, row)
         fx.gpu.barrier()
         inv_l = fx.Vector.from_elements([rcp(sRow[o_row[i]]) for i in range_constexpr(o_row.numel)], dtype=fx.Float32)
-        o = o_final * inv_l * (v_scale * fx.Float32(1.0 / fp8_max))
+        o = o_final * inv_l * (v_scale * fx.Float32(1.0 / fp8_max_))
         o_out = fx.make_fragment_like(thr_mma.partition_C(out_tile))
         o_out.store(o.to(fx.Float16))
         store16 = fx.make_copy_atom(fx.rocdl.BufferCopy16b(), fx.Float16)
@@ -530,6 +528,7 @@ def build_kernel(arch, block_size, group_size, softmax_scale):
 
     @flyc.jit
     def launch(
+        out: fx.Tensor,
         query: fx.Tensor,
         key_cache: fx.Tensor,
         value_cache: fx.Tensor,
@@ -537,7 +536,6 @@ def build_kernel(arch, block_size, group_size, softmax_scale):
         context_lengths: fx.Tensor,
         key_scale: fx.Tensor,
         value_scale: fx.Tensor,
-        out: fx.Tensor,
         num_seqs: fx.Int32,
         num_kv_heads: fx.Int32,
         stream: fx.Stream = fx.Stream(None),
@@ -558,128 +556,20 @@ def build_kernel(arch, block_size, group_size, softmax_scale):
 # launches on whichever backend `pa_tile.backend` chose.
 
 # %% tags=["export"]
-def _fail(cls, name, message):
-    raise cls(f"{name}: {message}")
-
-
-def _tensor(x, name):
-    if not isinstance(x, torch.Tensor):
-        _fail(TypeError, name, f"expected a torch.Tensor, got {type(x).__name__}")
-    if not x.is_contiguous():
-        _fail(ValueError, name, "must be contiguous")
-    return x
-
-
-def _fp8_codes(x, name, arch):
-    _, dtype, _ = FP8_FORMATS[arch]
-    if x.dtype == torch.uint8:
-        return x.view(dtype)
-    if x.dtype != dtype:
-        _fail(TypeError, name, f"{arch} reads fp8 e4m3 codes as {dtype} (or uint8), got {x.dtype}")
-    return x
-
-
-def _scale(x, name):
-    _tensor(x, name)
-    if x.dtype != torch.float32:
-        _fail(TypeError, name, f"expected float32, got {x.dtype}")
-    if x.numel() != 1:
-        _fail(ValueError, name, f"stage 1 supports one per-tensor scale (shape [1]), got shape {tuple(x.shape)}")
-    return x.reshape(1)
-
-
-def _check_args(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale,
-                softmax_scale, out, arch):
-    if not isinstance(arch, str) or arch not in FP8_FORMATS:
-        _fail(ValueError, "arch", f"expected one of {sorted(FP8_FORMATS)}, got {arch!r}")
-    _tensor(query, "query")
-    if query.dtype != torch.float16:
-        _fail(TypeError, "query", f"expected float16, got {query.dtype}")
-    if query.dim() != 3 or query.shape[2] != HEAD_DIM or query.shape[0] == 0:
-        _fail(ValueError, "query", f"expected [num_seqs, num_q_heads, {HEAD_DIM}], got {tuple(query.shape)}")
-    num_seqs, num_q_heads, _ = query.shape
-
-    key_cache = _fp8_codes(_tensor(key_cache, "key_cache"), "key_cache", arch)
-    if key_cache.dim() != 4 or key_cache.shape[3] != HEAD_DIM or key_cache.shape[2] not in BLOCK_SIZES:
-        _fail(ValueError, "key_cache", f"expected [num_blocks, num_kv_heads, block_size in {BLOCK_SIZES}, "
-              f"{HEAD_DIM}], got {tuple(key_cache.shape)}")
-    num_blocks, num_kv_heads, block_size, _ = key_cache.shape
-    value_cache = _fp8_codes(_tensor(value_cache, "value_cache"), "value_cache", arch)
-    want = (num_blocks, num_kv_heads, HEAD_DIM, block_size)
-    if tuple(value_cache.shape) != want:
-        _fail(ValueError, "value_cache", f"expected the plain V layout {list(want)} (pa_tile.cache.to_v_plain), "
-              f"got {tuple(value_cache.shape)}")
-    if key_cache.numel() >= 2**31:
-        _fail(ValueError, "key_cache", "more than 2**31 elements: cache offsets are 32-bit")
-    if num_kv_heads == 0 or num_q_heads % num_kv_heads or num_q_heads // num_kv_heads not in GROUP_SIZES:
-        _fail(ValueError, "query", f"{num_q_heads} query heads over {num_kv_heads} kv heads: stage 1 needs "
-              f"{GROUP_SIZES} query heads per kv head")
-
-    _tensor(block_tables, "block_tables")
-    if block_tables.dtype != torch.int32:
-        _fail(TypeError, "block_tables", f"expected int32, got {block_tables.dtype}")
-    if block_tables.dim() != 2 or block_tables.shape[0] != num_seqs or block_tables.shape[1] == 0:
-        _fail(ValueError, "block_tables", f"expected [{num_seqs}, max_blocks_per_seq], got {tuple(block_tables.shape)}")
-    _tensor(context_lengths, "context_lengths")
-    if context_lengths.dtype != torch.int32:
-        _fail(TypeError, "context_lengths", f"expected int32, got {context_lengths.dtype}")
-    if tuple(context_lengths.shape) != (num_seqs,):
-        _fail(ValueError, "context_lengths", f"expected shape ({num_seqs},), got {tuple(context_lengths.shape)}")
-    lengths = context_lengths.cpu().to(torch.int64)
-    room = block_tables.shape[1] * block_size
-    if bool((lengths < 1).any()) or bool((lengths > room).any()):
-        _fail(ValueError, "context_lengths", f"every length must be in [1, {room}] (block_tables width x "
-              f"block_size), got {lengths.tolist()}")
-    pages = block_tables.cpu().to(torch.int64)
-    used = torch.arange(pages.shape[1])[None, :] * block_size < lengths[:, None]
-    bad = used & ((pages < 0) | (pages >= num_blocks))
-    if bool(bad.any()):
-        s, j = (int(i) for i in bad.nonzero()[0])
-        _fail(ValueError, "block_tables", f"entry [{s}, {j}] = {int(pages[s, j])} is not a page in [0, {num_blocks})")
-
-    key_scale = _scale(key_scale, "key_scale")
-    value_scale = _scale(value_scale, "value_scale")
-    if softmax_scale is None:
-        softmax_scale = 1.0 / math.sqrt(HEAD_DIM)
-    if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, numbers.Real):
-        _fail(TypeError, "softmax_scale", f"expected a float or None, got {type(softmax_scale).__name__}")
-    if not math.isfinite(softmax_scale):
-        _fail(ValueError, "softmax_scale", f"must be finite, got {softmax_scale}")
-    if out is None:
-        out = torch.empty_like(query)
-    else:
-        _tensor(out, "out")
-        if out.dtype != query.dtype or out.shape != query.shape:
-            _fail(ValueError, "out", f"expected {query.dtype} {tuple(query.shape)}, got {out.dtype} {tuple(out.shape)}")
-    for name, t in (("key_cache", key_cache), ("value_cache", value_cache), ("block_tables", block_tables),
-                    ("context_lengths", context_lengths), ("key_scale", key_scale), ("value_scale", value_scale),
-                    ("out", out)):
-        if t.device != query.device:
-            _fail(ValueError, name, f"is on {t.device}, but query is on {query.device}")
-    return (key_cache, value_cache, key_scale, value_scale, float(softmax_scale), out,
-            num_seqs, num_kv_heads, block_size, num_q_heads // num_kv_heads)
-
-
-OUT_ARG = 7  # position of ``out`` among the launcher's arguments
-
-
 def launch_args(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale, *,
                 softmax_scale=None, out=None, arch=None):
     """``(launcher, args, arch)`` after validation, with nothing compiled or launched:
     ``launcher(*args)`` (inside ``pa_tile.toolchain.target_arch(arch)``) runs the kernel and
-    fills ``args[OUT_ARG]``, the output; ``pa_tile.toolchain.compile_isa(launcher, *args,
+    fills ``args[0]``, the output; ``pa_tile.toolchain.compile_isa(launcher, *args,
     arch=arch)`` shows its assembly. Same arguments as ``paged_decode``."""
-    if arch is None:
-        from pa_tile import backend
-
-        arch = backend.default_arch()
-    (key_cache, value_cache, key_scale, value_scale, softmax_scale, out,
-     num_seqs, num_kv_heads, block_size, group_size) = _check_args(
-        query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale,
-        softmax_scale, out, arch)
-    args = (query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale, out,
-            num_seqs, num_kv_heads)
-    return build_kernel(arch, block_size, group_size, softmax_scale), args, arch
+    p = problem.describe(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale,
+                         limits=LIMITS, softmax_scale=softmax_scale, arch=arch)
+    ks, vs = problem.scale_tensors(p, key_scale, value_scale)
+    fp8 = torch.float8_e4m3fnuz if fp8_format(p.arch) == "fnuz" else torch.float8_e4m3fn
+    args = (problem.output(p, query, out), query.contiguous(), key_cache.view(torch.uint8).view(fp8),
+            value_cache.view(torch.uint8).view(fp8), block_tables, context_lengths, ks, vs,
+            p.num_seqs, p.num_kv_heads)
+    return build_launcher(p.arch, p.block_size, p.group, p.softmax_scale), args, p.arch
 
 
 def paged_decode(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale, *,
@@ -689,18 +579,14 @@ def paged_decode(query, key_cache, value_cache, block_tables, context_lengths, k
     ``key_cache`` ``[num_blocks, num_kv_heads, block_size, 128]`` and ``value_cache``
     ``[num_blocks, num_kv_heads, 128, block_size]`` hold fp8 e4m3 codes of ``arch`` (FNUZ on
     gfx942, OCP on gfx950; uint8 accepted); values are ``code * key_scale`` / ``code *
-    value_scale`` (float32, shape [1]). ``block_tables`` ``[num_seqs, max_blocks]`` int32,
+    value_scale`` (float32 [1] or floats, > 0). ``block_tables`` ``[num_seqs, max_blocks]`` int32,
     ``context_lengths`` ``[num_seqs]`` int32 (>= 1). ``softmax_scale`` defaults to 1/sqrt(128);
-    ``arch`` to the GPU's (or, on the emulator, ``ARCH`` / gfx942).
+    ``arch`` to the tensors' device (the emulator's for CPU tensors). Validation: ``pa_tile.problem``.
     """
-    from pa_tile import backend, toolchain
-
     launcher, args, arch = launch_args(query, key_cache, value_cache, block_tables, context_lengths, key_scale,
                                        value_scale, softmax_scale=softmax_scale, out=out, arch=arch)
-    backend.ensure_backend()
-    with toolchain.target_arch(arch):
-        launcher(*args)
-    return args[OUT_ARG]
+    launching.launch(launcher, args, arch=arch)
+    return args[0]
 
 
 # %% [markdown]
@@ -741,7 +627,7 @@ def check(arch, block_size, group, contexts=(1, 17, 256, 1027), num_kv_heads=2, 
     return rows
 
 
-table = [r for arch in ("gfx942", "gfx950") for bs in BLOCK_SIZES for g in GROUP_SIZES
+table = [r for arch in ("gfx942", "gfx950") for bs in LIMITS.block_sizes for g in LIMITS.groups
          for r in check(arch, bs, g)]
 print(format_table(table))
 assert all(r["ok"] for r in table)

@@ -564,7 +564,7 @@ def isa_stats(stage, arch, block_size=16, group=8):
     fmt = "ocp" if arch == "gfx950" else "fnuz"
     case = cache.make_case(1, group, 1, 128, block_size, 17, fp8_format=fmt)
     if stage == 1:
-        launch = s1_tile_qk.build_kernel(arch, block_size, group, 1.0 / math.sqrt(128))
+        launch = s1_tile_qk.build_launcher(arch, block_size, group, 1.0 / math.sqrt(128))
         args = (case.query, case.k_cache, case.v_plain(), case.block_tables, case.context_lengths,
                 case.k_scale, case.v_scale, torch.empty_like(case.query), 1, 1)
     else:

@@ -342,8 +342,9 @@ def carve(workspace, num_seqs, num_kv_heads, rows, head_dim, num_partitions):
     """``(pmax, psum, pout)`` as views of a float32 ``workspace`` (see ``workspace_size``)."""
     shape = (num_seqs, num_kv_heads, num_partitions, rows)
     n = num_seqs * num_kv_heads * num_partitions * rows
-    return (workspace[:n].view(shape), workspace[n:2 * n].view(shape),
-            workspace[2 * n:2 * n + n * head_dim].view(shape + (head_dim,)))
+    # narrow, not slicing: the same views, and fake cuda tensors (pa_tile's CPU proofs) support it
+    return (workspace.narrow(0, 0, n).view(shape), workspace.narrow(0, n, n).view(shape),
+            workspace.narrow(0, 2 * n, n * head_dim).view(shape + (head_dim,)))
 
 # %% [markdown]
 # ## The entry point
@@ -516,7 +517,7 @@ def stats_for(arch, bs, hd, g, ql, scales="per-tensor", P=1, which=0):
     return isa.IsaStats.from_asm(text, kernel=which)
 
 
-supports_256 = 256 in s5.HEAD_DIMS
+supports_256 = 256 in s5.LIMITS.head_dims
 print("chapter 5's kernel accepts head_dim 256:", supports_256)
 r256 = []
 if supports_256:

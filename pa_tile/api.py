@@ -69,16 +69,19 @@ def _describe(query, key_cache, value_cache, block_tables, context_lengths, key_
     if m_tiles is not None:
         problem.int_option(m_tiles, "m_tiles", 1, LIMITS.max_m_tiles)
     if check_values is None:
-        check_values = query.device.type == "cpu" and not _tracing(query)
+        check_values = (isinstance(query, torch.Tensor) and query.device.type == "cpu"
+                        and not _tracing(query))
     return problem.describe(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale,
                             limits=LIMITS, softmax_scale=softmax_scale, query_length=query_length,
                             sliding_window=sliding_window, arch=arch, check_values_now=check_values)
 
 
 def _tracing(t) -> bool:
+    """PyTorch is tracing (torch.compile) or the tensors are fakes: go through the op. Under a
+    simulated GPU fake tensors take the real path, whose launch boundary checks them."""
     from torch._subclasses.fake_tensor import FakeTensor
 
-    return isinstance(t, FakeTensor) or torch.compiler.is_compiling()
+    return torch.compiler.is_compiling() or (isinstance(t, FakeTensor) and backend.simulated_gpu() is None)
 
 
 class Pipeline:
@@ -114,7 +117,7 @@ class Plan:
         self._query_meta = query_meta
         rows = s5.plan(p.head_dim, p.group, p.query_length, m_tiles)[0]
         self._partials = (s6.carve(workspace, p.num_seqs, p.num_kv_heads, rows, p.head_dim, num_partitions)
-                          if num_partitions > 1 else (workspace[:1],) * 3)
+                          if num_partitions > 1 else (workspace.narrow(0, 0, 1),) * 3)
         self._out_shape = (p.num_seqs * p.query_length, p.num_q_heads, p.head_dim)
 
     # -- the per-layer call --------------------------------------------------------------------
@@ -130,6 +133,8 @@ class Plan:
         vs = self.value_scale if value_scale is None else self._scale(value_scale, "value_scale")
         if out is None:
             out = torch.empty(self._out_shape, dtype=query.dtype, device=query.device)
+        elif not isinstance(out, torch.Tensor):
+            raise TypeError(f"out: expected a torch.Tensor, got {type(out).__name__}")
         elif out.shape != self._out_shape or out.dtype != query.dtype or out.device != query.device \
                 or not out.is_contiguous():
             raise ValueError(f"out: expected a contiguous {query.dtype} {self._out_shape} on {query.device}, "

@@ -241,27 +241,26 @@ def check_scales(key_scale, value_scale) -> None:
     """Scale values finite and > 0. Reads tensor values: a host sync for GPU tensors."""
     for name, x in (("key_scale", key_scale), ("value_scale", value_scale)):
         if isinstance(x, torch.Tensor):
-            if x.numel() == 0 or not bool(torch.isfinite(x).all()) or not bool((x > 0).all()):
-                bad = x[~(torch.isfinite(x) & (x > 0))].flatten()[:1].tolist()
-                raise ValueError(f"{name}: every scale must be finite and > 0, found {bad[0] if bad else x}")
+            lo, hi = x.aminmax()  # NaN propagates into both
+            if not (math.isfinite(lo.item()) and math.isfinite(hi.item()) and lo.item() > 0):
+                raise ValueError(f"{name}: every scale must be finite and > 0, found values in [{lo.item()}, "
+                                 f"{hi.item()}]")
 
 
 def check_values(problem: Problem, block_tables, context_lengths, key_scale=None, value_scale=None) -> None:
     """The checks that read tensor values (see the module docstring): each context length in
     ``query_length .. max_blocks·block_size``, every page id a sequence uses in ``[0,
     num_blocks)``, scales finite and > 0. A host sync when the tensors are on a GPU."""
-    ql, room, nb = problem.query_length, problem.max_context, problem.num_blocks
-    lengths = context_lengths.tolist()
-    for s, n in enumerate(lengths):
+    ql, room, nb, bs = problem.query_length, problem.max_context, problem.num_blocks, problem.block_size
+    # plain Python lists: the check creates no tensor (an allocation-free call stays allocation-free)
+    rows = block_tables.tolist()
+    for s, n in enumerate(context_lengths.tolist()):
         if not ql <= n <= room:
             raise ValueError(f"context_lengths: sequence {s} has {n} tokens; need {ql} .. {room} "
-                             f"(block_tables width {problem.max_blocks} x block_size {problem.block_size})")
-    bt = block_tables.to(torch.int64).cpu() if block_tables.device.type != "cpu" else block_tables.to(torch.int64)
-    used = torch.arange(bt.shape[1])[None, :] * problem.block_size < torch.tensor(lengths)[:, None]
-    wrong = used & ((bt < 0) | (bt >= nb))
-    if bool(wrong.any()):
-        s, j = (int(i) for i in wrong.nonzero()[0])
-        raise ValueError(f"block_tables: entry [{s}, {j}] = {int(bt[s, j])} is not a page id in [0, {nb})")
+                             f"(block_tables width {problem.max_blocks} x block_size {bs})")
+        for j, page in enumerate(rows[s][: -(-n // bs)]):
+            if not 0 <= page < nb:
+                raise ValueError(f"block_tables: entry [{s}, {j}] = {page} is not a page id in [0, {nb})")
     check_scales(key_scale, value_scale)
 
 
@@ -307,27 +306,27 @@ def describe(query, key_cache, value_cache, block_tables, context_lengths, key_s
         raise ValueError(f"query: num_q_heads={num_q_heads} must be {limits.groups_text()} times key_cache's "
                          f"num_kv_heads={num_kv_heads} for stage {limits.stage}")
 
-    need_tensor(block_tables, "block_tables")
-    if block_tables.dtype != torch.int32:
-        raise TypeError(f"block_tables: expected int32, got {block_tables.dtype}")
-    if block_tables.dim() != 2 or block_tables.shape[0] == 0 or block_tables.shape[1] == 0:
-        raise ValueError(f"block_tables: expected [num_seqs >= 1, max_blocks_per_seq >= 1], "
-                         f"got {tuple(block_tables.shape)}")
-    if not block_tables.is_contiguous():
-        raise ValueError("block_tables: must be contiguous")
-    num_seqs = block_tables.shape[0]
     if context_lengths is not None:
         need_tensor(context_lengths, "context_lengths")
         if context_lengths.dtype != torch.int32:
             raise TypeError(f"context_lengths: expected int32, got {context_lengths.dtype}")
-        if context_lengths.dim() != 1 or context_lengths.shape[0] != num_seqs:
-            raise ValueError(f"context_lengths: expected shape ({num_seqs},) (one per block_tables row), "
-                             f"got {tuple(context_lengths.shape)}")
+        if context_lengths.dim() != 1 or context_lengths.shape[0] == 0:
+            raise ValueError(f"context_lengths: expected [num_seqs >= 1], got {tuple(context_lengths.shape)}")
         if not context_lengths.is_contiguous():
             raise ValueError("context_lengths: must be contiguous")
+    need_tensor(block_tables, "block_tables")
+    if block_tables.dtype != torch.int32:
+        raise TypeError(f"block_tables: expected int32, got {block_tables.dtype}")
+    # num_seqs: one per context length (or per block-table row when there are no lengths yet)
+    num_seqs = context_lengths.shape[0] if context_lengths is not None else max(1, block_tables.shape[0])
+    if block_tables.dim() != 2 or block_tables.shape[0] != num_seqs or block_tables.shape[1] == 0:
+        raise ValueError(f"block_tables: expected [{num_seqs} (num_seqs), max_blocks_per_seq >= 1], "
+                         f"got {tuple(block_tables.shape)}")
+    if not block_tables.is_contiguous():
+        raise ValueError("block_tables: must be contiguous")
     if query_length is None:
         if total_rows % num_seqs:
-            raise ValueError(f"query: {total_rows} rows is not a multiple of num_seqs={num_seqs} (block_tables rows)")
+            raise ValueError(f"query: {total_rows} rows is not a multiple of num_seqs={num_seqs}")
         query_length = total_rows // num_seqs
     int_option(query_length, "query_length", 1, limits.max_query_length)
     if total_rows != num_seqs * query_length:

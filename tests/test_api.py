@@ -40,8 +40,11 @@ def _ok(out, ref):
 
 
 def test_reexports():
-    assert pa_tile.paged_decode is s6.paged_decode
-    assert pa_tile.make_workspace is s6.make_workspace
+    from pa_tile import api
+
+    assert pa_tile.paged_decode is api.paged_decode
+    assert pa_tile.plan is api.plan
+    assert pa_tile.make_workspace is api.make_workspace
     assert pa_tile.workspace_size is s6.workspace_size
     with pytest.raises(AttributeError):
         pa_tile.no_such_thing

@@ -10,6 +10,8 @@ import math
 import pytest
 import torch
 
+from pa_tile import arch as pa_arch
+
 from pa_tile import backend, cache, isa, toolchain
 from pa_tile.stages import s1_tile_qk as s1
 
@@ -71,7 +73,7 @@ def kernel_model(case, arch, softmax_scale=None):
     differences left are f32 summation order, v_exp/v_rcp (~1 ulp) and the odd fp8 code that
     lands on the other side of a rounding tie because of them.
     """
-    _, dtype, fp8_max = s1.FP8_FORMATS[arch]
+    dtype, fp8_max = pa_arch.fp8_torch_dtype(arch), pa_arch.fp8_max(arch)
     d, bs, G = case.head_dim, case.block_size, case.query_group_size
     scale = (softmax_scale or 1 / math.sqrt(d)) * s1.LOG2E
     k_codes, v_codes = cache.fp8_decode(case.k_cache), cache.fp8_decode(case.v_cache)
@@ -118,8 +120,8 @@ def _on_emulator():
 # ───────────────────────── emulator: correctness ─────────────────────────
 
 
-@pytest.mark.parametrize("group", s1.GROUP_SIZES)
-@pytest.mark.parametrize("block_size", s1.BLOCK_SIZES)
+@pytest.mark.parametrize("group", s1.LIMITS.groups)
+@pytest.mark.parametrize("block_size", s1.LIMITS.block_sizes)
 @pytest.mark.parametrize("arch", ARCHS)
 def test_emulated_kernel_matches_reference(arch, block_size, group):
     _on_emulator()
@@ -201,7 +203,7 @@ BAD = [
 
 @pytest.mark.parametrize("name,error,mutate", BAD, ids=[f"{n}-{i}" for i, (n, _, _) in enumerate(BAD)])
 def test_bad_argument_is_named_before_anything_is_built(name, error, mutate, monkeypatch):
-    monkeypatch.setattr(s1, "build_kernel", lambda *a, **k: pytest.fail("built a kernel for bad input"))
+    monkeypatch.setattr(s1, "build_launcher", lambda *a, **k: pytest.fail("built a kernel for bad input"))
     with pytest.raises(error, match=f"^{name}:"):
         s1.paged_decode(**mutate(_good()), arch="gfx942")
 
@@ -215,7 +217,7 @@ def test_bad_argument_is_named_before_anything_is_built(name, error, mutate, mon
     (dict(arch="gfx950"), "key_cache", TypeError),  # FNUZ codes handed to gfx950
 ])
 def test_bad_keyword_is_named(kwargs, name, error, monkeypatch):
-    monkeypatch.setattr(s1, "build_kernel", lambda *a, **k: pytest.fail("built a kernel for bad input"))
+    monkeypatch.setattr(s1, "build_launcher", lambda *a, **k: pytest.fail("built a kernel for bad input"))
     with pytest.raises(error, match=f"^{name}:"):
         s1.paged_decode(**_good(), **kwargs)
 
@@ -223,7 +225,7 @@ def test_bad_keyword_is_named(kwargs, name, error, monkeypatch):
 # ───────────────────────── what it compiles to ─────────────────────────
 
 
-@pytest.mark.parametrize("block_size", s1.BLOCK_SIZES)
+@pytest.mark.parametrize("block_size", s1.LIMITS.block_sizes)
 @pytest.mark.parametrize("arch", ARCHS)
 def test_compiled_code_shape(arch, block_size):
     """Design facts of the compiled kernel: 16 MFMAs per product per wave, 64-bit gathers for
@@ -243,8 +245,8 @@ def test_compiled_code_shape(arch, block_size):
 
 
 @pytest.mark.rocm
-@pytest.mark.parametrize("group", s1.GROUP_SIZES)
-@pytest.mark.parametrize("block_size", s1.BLOCK_SIZES)
+@pytest.mark.parametrize("group", s1.LIMITS.groups)
+@pytest.mark.parametrize("block_size", s1.LIMITS.block_sizes)
 def test_gpu_kernel_matches_reference(block_size, group):
     if backend.current_backend() != "gpu":
         pytest.skip("needs a ROCm GPU")

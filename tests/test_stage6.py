@@ -6,6 +6,8 @@ and gfx950, split and unsplit; resources of the split specialization and of the 
 import pytest
 import torch
 
+import pa_tile.arch
+
 from pa_tile import backend, cache, isa, toolchain
 from pa_tile.stages import s5_phase_split_mtp as s5
 from pa_tile.stages import s6_split_k as s6
@@ -108,7 +110,7 @@ def test_reduce_matches_model(arch, S, kvh, NP, ql, g, hd, qdt, device):
 
 def test_heuristic_fills_the_machine_without_tiny_partitions():
     for arch, cus in (("gfx942", 304), ("gfx950", 256)):
-        assert s6.CU_COUNT[arch] == cus
+        assert pa_tile.arch.info(arch).cu_count == cus
         # one long sequence: split as far as the kernel allows, 2 tiles per partition
         assert s6.choose_num_partitions(1, 8, 32768, arch=arch) == 64
         # 4k tokens = 16 tiles: capped at 8 partitions of 2 tiles

@@ -14,7 +14,7 @@ A stage module (``pa_tile.stages.sN_*``) is driven through, in order of preferen
 * ``launch_args`` also gives the benchmark a launch on the *current* torch stream (so it can be
   captured in a CUDA graph); without it the benchmark falls back to ``paged_decode``;
 * ``CHECK_TOLERANCE = (max_rel, rms_rel)``; otherwise :data:`STAGE_TOLERANCE`;
-* ``QUERY_DTYPE``, ``HEAD_DIM``, ``BLOCK_SIZES``, ``GROUP_SIZES`` for the default shape.
+* ``QUERY_DTYPE`` and ``LIMITS`` (``pa_tile.problem.Limits``) for the default shape.
 
 Cases are built in the arch's fp8 flavour (FNUZ on gfx942, OCP on gfx950).
 """
@@ -161,11 +161,13 @@ class StageAdapter:
         return Tolerance(*t) if t is not None else STAGE_TOLERANCE
 
     def default_shape(self, batch: int = 2, context=(300, 129)) -> DecodeShape:
-        """A small shape the stage supports, from its ``HEAD_DIM`` / ``BLOCK_SIZES`` / ``GROUP_SIZES``."""
-        m = self.module
-        group = (getattr(m, "GROUP_SIZES", None) or (8,))[0]
-        return DecodeShape(batch=batch, context=context, num_q_heads=group, num_kv_heads=1,
-                           head_dim=getattr(m, "HEAD_DIM", 128), block_size=(getattr(m, "BLOCK_SIZES", None) or (16,))[0])
+        """A small shape the stage supports, from its ``LIMITS``."""
+        lim = getattr(self.module, "LIMITS", None)
+        group = 8 if lim is None or lim.allows_group(8) else lim.groups[0]
+        head_dim = 128 if lim is None or 128 in lim.head_dims else lim.head_dims[0]
+        block = 16 if lim is None else lim.block_sizes[0]
+        return DecodeShape(batch=batch, context=context, num_q_heads=group, num_kv_heads=1, head_dim=head_dim,
+                           block_size=block)
 
     def layouts(self) -> Tuple[str, str]:
         m = self.module

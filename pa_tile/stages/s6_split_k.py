@@ -150,8 +150,9 @@ def carve(workspace, num_seqs, num_kv_heads, rows, head_dim, num_partitions):
     """``(pmax, psum, pout)`` as views of a float32 ``workspace`` (see ``workspace_size``)."""
     shape = (num_seqs, num_kv_heads, num_partitions, rows)
     n = num_seqs * num_kv_heads * num_partitions * rows
-    return (workspace[:n].view(shape), workspace[n:2 * n].view(shape),
-            workspace[2 * n:2 * n + n * head_dim].view(shape + (head_dim,)))
+    # narrow, not slicing: the same views, and fake cuda tensors (pa_tile's CPU proofs) support it
+    return (workspace.narrow(0, 0, n).view(shape), workspace.narrow(0, n, n).view(shape),
+            workspace.narrow(0, 2 * n, n * head_dim).view(shape + (head_dim,)))
 
 
 def make_workspace(query, key_cache, block_tables, *, query_length=None, num_partitions=None, arch=None):
