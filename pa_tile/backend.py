@@ -222,3 +222,13 @@ class simulate_gpu:
         global _simulated
         _simulated = self._saved
         return False
+
+
+def runnable_archs() -> tuple:
+    """The archs whose kernels can run here: both on the emulator, the device's own on a GPU.
+    Chapters loop over it so that the same cell runs on a CPU and on an MI300/MI355 runner."""
+    from . import arch as _arch
+
+    if current_backend() == "gpu":
+        return (default_arch(),)
+    return _arch.ARCHS

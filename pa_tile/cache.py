@@ -292,7 +292,7 @@ def from_v_trans_blocked(vt: torch.Tensor) -> torch.Tensor:
 class PagedCase:
     """One paged-decode problem, caches in the logical layout.
 
-    Tensors (all CPU, contiguous):
+    Tensors (contiguous, on the device ``make_case`` was given):
 
     * ``query``           [num_seqs*query_length, num_q_heads, head_dim]  query_dtype;
                           row ``s*query_length + i`` is query ``i`` of sequence ``s``
@@ -387,8 +387,13 @@ def make_case(
     num_blocks: Optional[int] = None,
     max_blocks_per_seq: Optional[int] = None,
     pad_block_id: Optional[int] = None,
+    device=None,
 ) -> PagedCase:
     """A deterministic paged-decode case (same arguments -> bit-identical tensors).
+
+    * ``device``: where the tensors live; ``None`` is the device kernels run on here
+      (``pa_tile.backend.device_for_tensors()``: the GPU on a ROCm machine, else the CPU). Values
+      are generated on the CPU either way, so a case is the same on every machine.
 
     * ``context_lengths``: one int for every sequence, or one per sequence; each must be
       >= ``query_length`` (the queries are the last ``query_length`` positions).
@@ -472,14 +477,19 @@ def make_case(
         bt[s, :n] = perm[start:start + n]
         start += n
 
+    if device is None:
+        from pa_tile import backend
+
+        device = backend.device_for_tensors()
+    dev = torch.device(device)
     return PagedCase(
-        query=q.contiguous(),
-        k_cache=k_cache.contiguous(),
-        v_cache=v_cache.contiguous(),
-        block_tables=bt.to(torch.int32).contiguous(),
-        context_lengths=torch.tensor(ctx, dtype=torch.int32),
-        k_scale=k_scale,
-        v_scale=v_scale,
+        query=q.contiguous().to(dev),
+        k_cache=k_cache.contiguous().to(dev),
+        v_cache=v_cache.contiguous().to(dev),
+        block_tables=bt.to(torch.int32).contiguous().to(dev),
+        context_lengths=torch.tensor(ctx, dtype=torch.int32).to(dev),
+        k_scale=k_scale.to(dev),
+        v_scale=v_scale.to(dev),
         num_seqs=num_seqs,
         num_q_heads=num_q_heads,
         num_kv_heads=num_kv_heads,
