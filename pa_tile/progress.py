@@ -56,7 +56,7 @@ def progress(iterable: Optional[Iterable] = None, *, desc: Optional[str] = None,
     from tqdm import tqdm
 
     on = progress_enabled() if enabled is None else bool(enabled)
-    if on and not nested and any(not getattr(b, "disable", True) for b in list(tqdm._instances)):
+    if on and not nested and any(not getattr(b, "disable", True) for b in list(getattr(tqdm, "_instances", ()))):
         on = False
     kwargs.setdefault("leave", False)
     kwargs.setdefault("mininterval", 0.5)
