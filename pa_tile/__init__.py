@@ -6,7 +6,8 @@ device helpers the chapters share), ``launching`` (compile once, launch on the t
 stream), ``api`` (``plan``/``paged_decode``/the torch op), ``toolchain`` (compile on a CPU), ``isa`` (static facts of compiled code), ``reference`` and
 ``cache`` (the float32 reference, cases and cache layouts), ``emu`` (the CPU emulator of
 gfx942/gfx950 machine code), ``backend`` (GPU or emulator), ``stages`` (the kernels), ``perf`` (roofline, traces,
-benchmarks), ``upstream`` (the recorded figures of the kernel this walkthrough retraces).
+benchmarks), ``upstream`` (the recorded figures of the kernel this walkthrough retraces),
+``progress`` (the progress bars, drawn only when someone watches).
 """
 
 __version__ = "0.1.0"
@@ -14,7 +15,7 @@ __version__ = "0.1.0"
 import importlib as _importlib
 
 _SUBMODULES = ("toolchain", "isa", "reference", "cache", "emu", "backend", "stages", "perf", "upstream", "tiny_kernels",
-               "arch", "problem", "kernel_lib", "launching", "api", "show")
+               "arch", "problem", "kernel_lib", "launching", "api", "show", "progress")
 
 
 #: the finished kernel's API, re-exported lazily from ``pa_tile.api``

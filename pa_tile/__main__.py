@@ -24,10 +24,13 @@ class CliError(Exception):
 
 def _not_kernel_failures():
     from .backend import BackendError
+    from .emu.launch import EmuSetupError
     from .perf.adapters import AdapterError
     from .toolchain import ToolchainError
 
-    return (CliError, BackendError, AdapterError, ToolchainError, ValueError, TypeError, OSError)
+    # EmuSetupError: the emulator cannot start here (no C compiler, an unsupported FlyDSL):
+    # the machine's setup, not the kernel, so exit 2 like the other setup errors.
+    return (CliError, BackendError, EmuSetupError, AdapterError, ToolchainError, ValueError, TypeError, OSError)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -55,7 +58,8 @@ def _stage_help() -> str:
     from .stages import STAGES, available
 
     have = available()
-    return f"stage short name; present in this checkout: {', '.join(have) or 'none'} (known: {', '.join(STAGES)})"
+    also = "" if list(have) == list(STAGES) else f" (all stages: {', '.join(STAGES)})"
+    return f"stage short name: one of {', '.join(have) or 'none'}{also}"
 
 
 def _check_stage(name: str) -> str:
@@ -71,7 +75,8 @@ def _check_stage(name: str) -> str:
             name = short
             break
     if name in STAGES:
-        raise CliError(f"stage {name!r} is not built in this checkout; available stages: {', '.join(have) or 'none'}")
+        raise CliError(f"stage {name!r} is not built (its notebook was not exported yet); "
+                       f"available stages: {', '.join(have) or 'none'}")
     raise CliError(f"unknown stage {name!r}; available stages: {', '.join(have) or 'none'} "
                    f"(known names: {', '.join(STAGES)}; or use --kernel tiny)")
 
@@ -94,7 +99,7 @@ def _add_shape(p: argparse.ArgumentParser) -> None:
     g.add_argument("--block-size", type=_pos_int, help="tokens per page")
     g.add_argument("--query-length", type=_pos_int, help="query tokens per sequence (MTP)")
     g.add_argument("--scales", choices=["per-tensor", "per-token"])
-    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--seed", type=int, default=0, help="random seed of the case's tensors")
 
 
 def _shape(args, default):
@@ -148,24 +153,29 @@ def _stats(text: str):
     return [isa.IsaStats.from_asm(text, n) for n in isa.kernel_names(text)]
 
 
+def _diff_target(diff: str, target: str, arch: str):
+    """(target, arch, labels) to compare with; refused here, before anything compiles."""
+    if diff in ARCHS:
+        return target, diff, (f"{target} {arch}", f"{target} {diff}")
+    if diff.lower().startswith("gfx"):
+        raise CliError(f"--diff {diff}: pa_tile compiles for {' and '.join(ARCHS)} only")
+    other = "tiny" if diff == "tiny" else _check_stage(diff)
+    return other, arch, (f"{target} {arch}", f"{other} {arch}")
+
+
 def cmd_isa(args) -> int:
     from . import isa
 
     target = "tiny" if args.kernel else _check_stage(args.stage)
+    other = None if args.diff is None else _diff_target(args.diff, target, args.arch)
     a = _stats(_isa_text(target, args.arch, args))
-    if args.diff is None:
+    if other is None:
         if args.json:
             print(json.dumps([s.to_dict() for s in a], indent=1, default=str))
         else:
             print("\n\n".join(isa.summary(s) for s in a))
         return EXIT_OK
-    if args.diff in ARCHS:
-        other_target, other_arch = target, args.diff
-        labels = (f"{target} {args.arch}", f"{target} {other_arch}")
-    else:
-        other_target = "tiny" if args.diff == "tiny" else _check_stage(args.diff)
-        other_arch = args.arch
-        labels = (f"{target} {args.arch}", f"{other_target} {other_arch}")
+    other_target, other_arch, labels = other
     b = _stats(_isa_text(other_target, other_arch, args))
     if args.json:
         print(json.dumps([dict(a=x.to_dict(), b=y.to_dict(), rows=isa.diff_rows(x, y)) for x, y in zip(a, b)],
@@ -187,7 +197,7 @@ def cmd_check(args) -> int:
     from .perf import adapters, checks
 
     if args.backend:
-        backend.set_backend(args.backend)
+        backend.set_backend(args.backend, source=f"--backend {args.backend}")
     name = backend.current_backend()  # BackendError if the GPU was asked for and is missing
     arch = args.arch or backend.default_arch()
     device = backend.device_for_tensors()
@@ -202,7 +212,8 @@ def cmd_check(args) -> int:
         case = ad.make_case(shape, arch, seed=args.seed, device=device)
         what, tol = f"stage {ad.name} ({shape.label})", ad.tolerance
         run_it, expected = (lambda: ad.run(case, arch)), (lambda: checks.reference_output(case))
-    print(f"{what} on {name} {arch}")
+    # before the run, so a long emulator run shows what it is doing (its progress bar follows)
+    print(f"{what} on {name} {arch}", flush=True)
     try:
         got = run_it()
     except _not_kernel_failures():
@@ -231,6 +242,8 @@ def cmd_trace(args) -> int:
     from .emu import launch
     from .perf import tracing
 
+    if args.json:
+        _check_writable(args.json)  # before a run that can take minutes
     backend.set_backend("emu")  # the access trace exists only in the emulator
     arch = args.arch or launch.current_arch()
     if args.kernel:
@@ -248,11 +261,23 @@ def cmd_trace(args) -> int:
     except Exception as e:  # noqa: BLE001 - the kernel failed in the emulator (memory fault, ...)
         print(f"{target} on emu {arch}\nFAIL: the run raised {type(e).__name__}: {e}")
         return EXIT_FAIL
+    print(rep.format(), flush=True)  # first: a failing write must not lose the report
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rep.to_dict(), f, indent=1, default=str)
-    print(rep.format())
     return EXIT_OK if rep.check is None or rep.check.ok else EXIT_FAIL
+
+
+def _check_writable(path: str) -> None:
+    import os
+
+    parent = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise CliError(f"--json {path}: is a folder")
+    if not os.path.isdir(parent):
+        raise CliError(f"--json {path}: folder {parent} does not exist")
+    if not os.access(path if os.path.exists(path) else parent, os.W_OK):
+        raise CliError(f"--json {path}: not writable")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -325,7 +350,10 @@ def cmd_roofline(args) -> int:
             print(f"{s.name}: {s.hbm_tb_s:g} TB/s HBM, {s.compute_units} CUs, {s.fp8_dense_flops / 1e12:.0f} TFLOP/s "
                   f"dense fp8 (ridge {s.ridge_flops_per_byte:.0f} flop/B) [{s.source}]")
     if args.plot:
-        import matplotlib
+        try:
+            import matplotlib
+        except ImportError:
+            raise CliError("--plot needs matplotlib: pip install 'pa_tile[plot]'") from None
 
         matplotlib.use("Agg")
         roofline.plot(shapes, specs, whole_pages=args.whole_pages).savefig(args.plot, dpi=120)
@@ -337,36 +365,69 @@ def cmd_roofline(args) -> int:
 # parser
 
 
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Every option with a real default shows it, once (not "default: None", and not where the
+    help already states it)."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if any(action.default is d for d in (None, False, argparse.SUPPRESS)) or "default" in text:  # not ==: 0 == False
+            return text
+        return super()._get_help_string(action)
+
+
+class _MainHelpFormatter(argparse.RawDescriptionHelpFormatter, _HelpFormatter):
+    """The examples in the epilog keep their line breaks."""
+
+
+def _common_options() -> argparse.ArgumentParser:
+    # Also accepted after the verb; SUPPRESS keeps a subcommand from resetting the value
+    # given before it.
+    c = argparse.ArgumentParser(add_help=False)
+    c.add_argument("--traceback", action="store_true", default=argparse.SUPPRESS,
+                   help="show Python tracebacks for errors")
+    return c
+
+
 def build_parser() -> argparse.ArgumentParser:
+    from . import __version__
+
+    common = _common_options()
     p = argparse.ArgumentParser(
         prog="python -m pa_tile",
-        description="pa_tile: fp8 paged-attention decode kernels for MI300 (gfx942) / MI355 (gfx950). "
-                    "Inspect compiled code, check kernels against the reference, trace memory accesses "
-                    "in the emulator, benchmark on a ROCm GPU, print roofline time floors.",
+        description="pa_tile: fp8 paged-attention decode kernels for MI300 (gfx942) / MI355 (gfx950).\n"
+                    "Inspect compiled code, check kernels against the reference, trace memory accesses\n"
+                    "in the emulator, benchmark on a ROCm GPU, print roofline time floors.\n"
+                    "Exit codes: 0 success, 1 a check failed, 2 bad arguments or a setup that cannot\n"
+                    "do what was asked.",
         epilog="Examples:\n"
                "  python -m pa_tile isa --kernel tiny --arch gfx942 --diff gfx950\n"
                "  python -m pa_tile check --stage s2 --context 300,129\n"
                "  python -m pa_tile trace --stage s2 --arch gfx950\n"
                "  python -m pa_tile roofline --batch 1,64 --context 2048,16384\n"
                "  python -m pa_tile bench --shapes quick --out bench.json   (ROCm GPU only)",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=_MainHelpFormatter,
     )
+    p.add_argument("--version", action="version", version=f"pa_tile {__version__}")
     p.add_argument("--traceback", action="store_true", help="show Python tracebacks for errors")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
-    s = sub.add_parser("isa", help="static facts of a kernel's compiled code (registers, LDS, occupancy, "
+    def add_parser(name, **kw):
+        return sub.add_parser(name, parents=[common], formatter_class=_HelpFormatter, **kw)
+
+    s = add_parser("isa", help="static facts of a kernel's compiled code (registers, LDS, occupancy, "
                                    "instruction mix), or a diff of two",
                        description="Compile a stage (or the tiny kernel) for an arch on this machine and print its "
                                    "static facts; --diff compares with another arch or another stage.")
     _add_target(s)
-    s.add_argument("--arch", choices=ARCHS, default="gfx942", help="target (default gfx942)")
+    s.add_argument("--arch", choices=ARCHS, default="gfx942", help="target")
     s.add_argument("--diff", metavar="ARCH|STAGE",
                    help="compare with the same kernel on another arch (gfx942/gfx950) or with another stage (or 'tiny')")
     s.add_argument("--json", action="store_true", help="print JSON instead of text")
     _add_shape(s)
     s.set_defaults(func=cmd_isa)
 
-    s = sub.add_parser("check", help="run a kernel on the chosen backend and compare with the reference "
+    s = add_parser("check", help="run a kernel on the chosen backend and compare with the reference "
                                      "(exit 1 on mismatch)",
                        description="Run a stage (or the tiny kernel) on one case and compare with the float32 "
                                    "reference. Exit 0 when within tolerance, 1 when not.")
@@ -378,7 +439,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_shape(s)
     s.set_defaults(func=cmd_check)
 
-    s = sub.add_parser("trace", help="memory-access report from the emulator: bytes and 64-byte segments per "
+    s = add_parser("trace", help="memory-access report from the emulator: bytes and 64-byte segments per "
                                      "load, LDS bank conflicts, instructions per tile",
                        description="Run a kernel once in the CPU emulator with an access trace and report "
                                    "coalescing, LDS bank conflicts and the dynamic instruction mix.")
@@ -388,7 +449,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_shape(s)
     s.set_defaults(func=cmd_trace)
 
-    s = sub.add_parser("bench", help="time stages, the PyTorch baseline and installed kernels on a ROCm GPU "
+    s = add_parser("bench", help="time stages, the PyTorch baseline and installed kernels on a ROCm GPU "
                                      "(refuses elsewhere, exit 2)",
                        description="Check, then time (CUDA graph replay, GPU events, min of N) every stage, the "
                                    "PyTorch baseline and installed paged-attention kernels; results to JSON. "
@@ -400,34 +461,34 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--batch", type=_int_list, metavar="B,...", help="override the batches of the shape set")
     s.add_argument("--context", type=_int_list, metavar="L,...", help="override the context lengths")
     s.add_argument("--head-dim", type=_int_list, metavar="D,...", help="override the head dims")
-    s.add_argument("--q-heads", type=_pos_int)
-    s.add_argument("--kv-heads", type=_pos_int)
-    s.add_argument("--block-size", type=_pos_int, default=16)
-    s.add_argument("--query-length", type=_pos_int, default=1)
-    s.add_argument("--scales", choices=["per-tensor", "per-token"], default="per-tensor")
-    s.add_argument("--warmup", type=int, default=10)
+    s.add_argument("--q-heads", type=_pos_int, help="query heads (default: the shape set's; 8 per KV head with --kv-heads)")
+    s.add_argument("--kv-heads", type=_pos_int, help="KV heads (default: the shape set's; 8 with --q-heads)")
+    s.add_argument("--block-size", type=_pos_int, default=16, help="tokens per page")
+    s.add_argument("--query-length", type=_pos_int, default=1, help="query tokens per sequence (MTP)")
+    s.add_argument("--scales", choices=["per-tensor", "per-token"], default="per-tensor", help="K/V scale granularity")
+    s.add_argument("--warmup", type=int, default=10, help="untimed runs first")
     s.add_argument("--iters", type=_pos_int, default=50, help="timed samples; the minimum is reported")
     s.add_argument("--hot", action="store_true", help="keep caches warm (default: flush 512 MiB before each sample)")
     s.add_argument("--no-graph", action="store_true", help="time eager launches instead of CUDA graph replays")
     s.add_argument("--no-baseline", action="store_true", help="skip the PyTorch baseline")
     s.add_argument("--no-external", action="store_true", help="skip aiter / vLLM kernels even if installed")
     s.add_argument("--peak-tbs", type=float, help="HBM peak (TB/s) for %% of peak, instead of the data-sheet figure")
-    s.add_argument("--seed", type=int, default=0)
-    s.add_argument("--out", default="pa_tile_bench.json", help="results file (default pa_tile_bench.json)")
+    s.add_argument("--seed", type=int, default=0, help="random seed of the cases' tensors")
+    s.add_argument("--out", default="pa_tile_bench.json", help="results file")
     s.set_defaults(func=cmd_bench)
 
-    s = sub.add_parser("roofline", help="bytes, flops and HBM time floor of decode calls on MI300X / MI355X",
+    s = add_parser("roofline", help="bytes, flops and HBM time floor of decode calls on MI300X / MI355X",
                        description="Bytes moved, flops, arithmetic intensity and time floor (bytes / HBM "
                                    "bandwidth) of one decode call over a grid of shapes.")
-    s.add_argument("--gpu", default="MI300X,MI355X", help="comma-separated: MI300X, MI355X")
+    s.add_argument("--gpu", default="MI300X,MI355X", help="comma-separated, of MI300X and MI355X")
     s.add_argument("--batch", type=_int_list, metavar="B,...", help="batches (default 1,4,16,64,128,256)")
     s.add_argument("--context", type=_int_list, metavar="L,...", help="context lengths (default 129..16384)")
     s.add_argument("--head-dim", type=_int_list, metavar="D,...", help="head dims (default 64,128)")
-    s.add_argument("--q-heads", type=_pos_int, default=64)
-    s.add_argument("--kv-heads", type=_pos_int, default=8)
-    s.add_argument("--block-size", type=_pos_int, default=16)
+    s.add_argument("--q-heads", type=_pos_int, default=64, help="query heads")
+    s.add_argument("--kv-heads", type=_pos_int, default=8, help="KV heads")
+    s.add_argument("--block-size", type=_pos_int, default=16, help="tokens per page")
     s.add_argument("--query-length", type=_pos_int, default=1, help="query tokens per sequence (MTP)")
-    s.add_argument("--scales", choices=["per-tensor", "per-token"], default="per-tensor")
+    s.add_argument("--scales", choices=["per-tensor", "per-token"], default="per-tensor", help="K/V scale granularity")
     s.add_argument("--whole-pages", action="store_true", help="count K/V of whole pages (the last page's tail too)")
     s.add_argument("--json", action="store_true", help="print JSON rows instead of a table")
     s.add_argument("--plot", metavar="PNG", help="also save a log-log plot of the floors")

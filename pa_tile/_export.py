@@ -7,6 +7,8 @@ under a header saying where it came from.
 
     python -m pa_tile._export           # regenerate every exported module
     python -m pa_tile._export --check   # exit 1 if a module, or a paired .ipynb, is out of date
+
+Both need the repository's notebooks/ folder (exit 2 without it, e.g. from an installed wheel).
 """
 
 from __future__ import annotations
@@ -102,6 +104,13 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m pa_tile._export", description=__doc__.split("\n\n")[0])
     ap.add_argument("--check", action="store_true", help="only check; exit 1 if anything is out of date")
     args = ap.parse_args(argv)
+    if not NOTEBOOKS.is_dir():
+        # An installed wheel carries the exported modules but not the notebooks they came from:
+        # there is nothing to compare, and saying "ok" would claim a check that never ran.
+        print(f"export{' check' if args.check else ''}: cannot run: there is no notebooks/ folder next to the "
+              f"package ({NOTEBOOKS}); run it in a clone of the repository, not an installed pa_tile",
+              file=sys.stderr)
+        return 2
     if args.check:
         problems = check()
         for p in problems:

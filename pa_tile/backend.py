@@ -22,6 +22,7 @@ _CHOICES = BACKENDS + ("auto",)
 ENV_VAR = "PA_TILE_BACKEND"
 
 _override: Optional[str] = None
+_override_source = "set_backend()"
 
 
 class BackendError(RuntimeError):
@@ -81,19 +82,20 @@ def _gpu_refusal(source: str) -> Optional[str]:
     return None
 
 
-def set_backend(name: Optional[str]) -> None:
+def set_backend(name: Optional[str], *, source: str = "set_backend()") -> None:
     """Force ``"gpu"`` or ``"emu"`` (or ``"auto"``) for this process; ``None`` returns to env/auto.
 
     ``"gpu"`` is accepted here without a GPU (the error comes from :func:`current_backend`),
-    except once the emulator hook is installed, when it raises at once: that cannot change."""
-    global _override
+    except once the emulator hook is installed, when it raises at once: that cannot change.
+    ``source`` is how errors name the choice (the command line passes ``"--backend gpu"``)."""
+    global _override, _override_source
     if name is None:
-        _override = None
+        _override, _override_source = None, "set_backend()"
         return
     choice = _check_choice(name, "backend")
     if choice == "gpu" and _emulator_installed():
-        raise BackendError(_gpu_refusal("set_backend()"))
-    _override = choice
+        raise BackendError(_gpu_refusal(source))
+    _override, _override_source = choice, source
 
 
 def current_backend() -> str:
@@ -102,7 +104,7 @@ def current_backend() -> str:
     if _simulated is not None:
         return "gpu"
     if _override is not None:
-        choice, source = _override, "set_backend()"
+        choice, source = _override, _override_source
     else:
         choice = _check_choice(os.environ.get(ENV_VAR) or "auto", ENV_VAR)
         source = f"{ENV_VAR}={choice}"

@@ -6,9 +6,11 @@ FlyDSL's ROCDL pipeline needs a ROCm-shaped folder (``ROCM_PATH``) with two thin
 A real ROCm install has both. On a CPU-only machine we assemble the same shape out of parts
 that install from ordinary package registries, as symlinks in a cache folder:
 
-* ``ld.lld``: Debian's ``lld-19`` (``/usr/lib/llvm-19/bin/ld.lld``), any ``ld.lld`` on PATH, or
-  PyPI's ``ziglang`` (``python -m ziglang ld.lld``, wrapped in a two-line script);
-* bitcode: Debian's ``rocm-device-libs`` or the copies shipped inside the ``triton`` wheel.
+* ``ld.lld``: any ``ld.lld`` on PATH, conda-forge's ``lld`` (``$CONDA_PREFIX/bin``), Debian's
+  ``lld-19`` (``/usr/lib/llvm-19/bin/ld.lld``), or PyPI's ``ziglang`` (``python -m ziglang
+  ld.lld``, wrapped in a two-line script);
+* bitcode: conda-forge's ``rocm-device-libs`` (under ``$CONDA_PREFIX``), Debian's
+  ``rocm-device-libs``, or the copies shipped inside the ``triton`` wheel.
 
 Nothing here ever writes into a real ROCm install: a valid ``ROCM_PATH`` or ``/opt/rocm`` is used
 as it is.
@@ -45,8 +47,19 @@ def is_rocm_root(path: Optional[os.PathLike]) -> bool:
     )
 
 
+def _env_prefixes() -> list:
+    """The active conda environment, and this interpreter's own prefix (a conda env's python run
+    without ``conda activate`` has no ``CONDA_PREFIX`` but is still inside the env)."""
+    out = []
+    for p in (os.environ.get("CONDA_PREFIX"), sys.prefix):
+        if p and p not in out:
+            out.append(p)
+    return out
+
+
 def _find_lld() -> Optional[Path]:
     candidates = [shutil.which("ld.lld")]
+    candidates += [os.path.join(p, "bin", "ld.lld") for p in _env_prefixes()]
     candidates += sorted(glob.glob("/usr/lib/llvm-*/bin/ld.lld"), reverse=True)  # newest LLVM first
     for c in candidates:
         if c and os.access(c, os.X_OK):
@@ -67,7 +80,12 @@ def _ziglang_lld_wrapper(dest_dir: Path) -> Optional[Path]:
 
 
 def _find_bitcode_dir() -> Optional[Path]:
-    candidates = sorted(glob.glob("/usr/lib/*/amdgcn/bitcode")) + ["/usr/lib/amdgcn/bitcode"]
+    candidates = []
+    for p in _env_prefixes():
+        # conda-forge installs under lib/clang/<llvm>/lib/amdgcn and links <prefix>/amdgcn to it
+        candidates += [os.path.join(p, "amdgcn", "bitcode"), os.path.join(p, "lib", "amdgcn", "bitcode")]
+        candidates += sorted(glob.glob(os.path.join(p, "lib", "clang", "*", "lib", "amdgcn", "bitcode")), reverse=True)
+    candidates += sorted(glob.glob("/usr/lib/*/amdgcn/bitcode")) + ["/usr/lib/amdgcn/bitcode"]
     try:  # the triton wheel carries ockl/ocml for its own AMD backend
         import importlib.util
 
@@ -90,9 +108,10 @@ def prepare_cpu_toolchain(dest: Path = DEFAULT_TOOLCHAIN_DIR) -> Path:
     bitcode = _find_bitcode_dir()
     missing = []
     if lld is None:
-        missing.append("ld.lld (apt-get install lld-19, or pip install ziglang)")
+        missing.append("ld.lld (apt-get install lld-19, conda install -c conda-forge lld, or pip install ziglang)")
     if bitcode is None:
-        missing.append("ockl.bc/ocml.bc (apt-get install rocm-device-libs, or pip install triton)")
+        missing.append("ockl.bc/ocml.bc (apt-get install rocm-device-libs, conda install -c conda-forge "
+                       "rocm-device-libs, or pip install triton)")
     if missing:
         raise ToolchainError("cannot prepare a CPU toolchain for FlyDSL; missing: " + "; ".join(missing))
     link = lld_dir / "ld.lld"

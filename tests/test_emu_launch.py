@@ -266,7 +266,7 @@ def test_launch_options_reach_the_handler():
             vadd(a, b, c)
         vadd(a, b, c)
     assert [(x.trace, x.progress, x.lds_races, x.quantum) for x in log] == [
-        ("the-trace", True, "warn", 4), (None, False, "raise", None)]
+        ("the-trace", True, "warn", 4), (None, None, "raise", None)]
     for bad in (dict(lds_races="ignore"), dict(quantum=0), dict(quantum=1.5), dict(quantum=True)):
         with pytest.raises(ValueError, match=next(iter(bad))):
             with L.launch_options(**bad):
@@ -336,7 +336,7 @@ def test_launch_options_reach_run_kernel(handler, monkeypatch, capsys):
     err = capsys.readouterr().err
     assert "[emu] scale_add_kernel_0" in err and "4/4" in err
     scale_add(x, y, out, 2.0)
-    assert seen[-1] == dict(trace=None, progress=False, lds_races="raise", quantum=None)
+    assert seen[-1] == dict(trace=None, progress=None, lds_races="raise", quantum=None)
     assert "[emu]" not in capsys.readouterr().err
 
 

@@ -67,3 +67,28 @@ def test_missing_parts_are_named(monkeypatch, tmp_path):
     monkeypatch.setattr(toolchain, "_find_bitcode_dir", lambda: None)
     with pytest.raises(toolchain.ToolchainError, match="ld.lld.*ockl"):
         toolchain.prepare_cpu_toolchain(tmp_path / "x")
+
+
+def _fake_conda_env(root, bitcode_dir):
+    (root / "bin").mkdir(parents=True)
+    lld = root / "bin" / "ld.lld"
+    lld.write_text("#!/bin/sh\n")
+    lld.chmod(0o755)
+    bc = root / bitcode_dir
+    bc.mkdir(parents=True)
+    for lib in ("ockl", "ocml"):
+        (bc / f"{lib}.bc").write_bytes(b"BC")
+    return lld, bc
+
+
+# conda-forge's rocm-device-libs: the real files under lib/clang/<llvm>/..., <prefix>/amdgcn a link
+@pytest.mark.parametrize("bitcode_dir", ["lib/clang/20/lib/amdgcn/bitcode", "amdgcn/bitcode"])
+def test_finder_uses_the_conda_environment(tmp_path, monkeypatch, bitcode_dir):
+    env = tmp_path / "conda-env"
+    lld, bc = _fake_conda_env(env, bitcode_dir)
+    monkeypatch.setenv("CONDA_PREFIX", str(env))
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))  # an unactivated env: its bin/ is not on PATH
+    root = toolchain.prepare_cpu_toolchain(tmp_path / "rocm")
+    assert (root / "llvm" / "bin" / "ld.lld").resolve() == lld.resolve()
+    assert (root / "amdgcn" / "bitcode").resolve() == bc.resolve()
+    assert toolchain.is_rocm_root(root)

@@ -502,7 +502,7 @@ class Launch:
     kernarg: bytes  # the full kernarg segment
     regions: List[Region]
     trace: Any = None
-    progress: bool = False
+    progress: Optional[bool] = None
     lds_races: str = "raise"
     quantum: Optional[int] = None
 
@@ -545,7 +545,7 @@ def set_launch_handler(fn: Optional[Callable[[Launch], None]]) -> Callable[[Laun
     return previous
 
 
-_DEFAULT_OPTIONS: Dict[str, Any] = dict(trace=None, progress=False, lds_races="raise", quantum=None)
+_DEFAULT_OPTIONS: Dict[str, Any] = dict(trace=None, progress=None, lds_races="raise", quantum=None)
 
 
 class _Local(threading.local):
@@ -559,12 +559,13 @@ _local = _Local()
 
 @contextlib.contextmanager
 def launch_options(
-    *, trace: Any = None, progress: bool = False, lds_races: str = "raise", quantum: Optional[int] = None
+    *, trace: Any = None, progress: Optional[bool] = None, lds_races: str = "raise", quantum: Optional[int] = None
 ) -> Iterator[None]:
     """Launches in this block (this thread) pass these to ``machine.run_kernel``.
 
     ``trace``: a ``memory.Trace`` told every instruction and access; ``progress``: a progress
-    bar over workgroups on stderr; ``lds_races`` (``"raise"``, ``"warn"``, ``"off"``) and
+    bar over workgroups on stderr (``True``), none (``False``), or one on long launches when
+    someone watches (``None``, see ``pa_tile.progress``); ``lds_races`` (``"raise"``, ``"warn"``, ``"off"``) and
     ``quantum`` (instructions a wave runs before the next takes a turn; ``None``: until its next
     barrier): see ``run_kernel``. Checked here, so a typo fails before anything compiles.
     """
@@ -573,7 +574,8 @@ def launch_options(
     if quantum is not None and (isinstance(quantum, bool) or not isinstance(quantum, int) or quantum < 1):
         raise ValueError(f"quantum must be None or a positive int, got {quantum!r}")
     saved = _local.options
-    _local.options = dict(trace=trace, progress=bool(progress), lds_races=lds_races, quantum=quantum)
+    _local.options = dict(trace=trace, progress=None if progress is None else bool(progress), lds_races=lds_races,
+                          quantum=quantum)
     try:
         yield
     finally:

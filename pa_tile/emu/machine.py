@@ -294,12 +294,15 @@ def _make_lds(nbytes: int, arch: str):
     return LDS(nbytes, arch=arch)
 
 
-def _progress_bar(name: str, ngroups: int):
-    """A tqdm bar over workgroups on the current ``sys.stderr`` (looked up per launch, so
-    redirected or captured stderr gets it)."""
-    from tqdm import tqdm
+def _progress_bar(name: str, ngroups: int, progress: Optional[bool]):
+    """A bar over workgroups on the current ``sys.stderr`` (looked up per launch, so redirected
+    or captured stderr gets it). ``True`` draws it; ``None`` leaves the choice to
+    ``pa_tile.progress`` and waits a few seconds first, so only long launches show one."""
+    from ..progress import progress as bar
 
-    return tqdm(total=ngroups, desc=f"[emu] {name}", unit="wg", file=sys.stderr, mininterval=0.5, leave=True)
+    if progress:
+        return bar(total=ngroups, desc=f"[emu] {name}", unit="wg", enabled=True, leave=True)
+    return bar(total=ngroups, desc=f"[emu] {name}", unit="wg", delay=3.0, nested=False)
 
 
 def run_kernel(
@@ -312,7 +315,7 @@ def run_kernel(
     dynamic_lds: int = 0,
     arch: str = "gfx942",
     trace=None,
-    progress: bool = False,
+    progress: Optional[bool] = None,
     lds_races: str = "raise",
     quantum: Optional[int] = None,
 ) -> None:
@@ -331,7 +334,9 @@ def run_kernel(
     bytes between two barriers with at least one write (see ``ops_ds.LdsRaceChecker``): such
     code has no defined result on hardware, and this schedule would silently pick one order.
     ``'warn'`` reports each distinct race with ``warnings.warn`` and goes on.
-    ``progress=True`` shows a tqdm bar over the workgroups on stderr.
+    ``progress=True`` shows a tqdm bar over the workgroups on stderr; ``None`` (the default) shows
+    one on launches longer than 3 s when ``pa_tile.progress`` says a person is watching;
+    ``False`` never.
     """
     kernel = program.kernel(kernel_name)
     code = decode_kernel(program, kernel.name, arch)
@@ -370,7 +375,7 @@ def run_kernel(
 
     waves = [Wave(arch) for _ in range(nwaves)]
     ngroups = grid3[0] * grid3[1] * grid3[2]
-    bar = _progress_bar(kernel.name, ngroups) if progress else None
+    bar = None if progress is False else _progress_bar(kernel.name, ngroups, progress)
     try:
         with np.errstate(all="ignore"):
             for g in range(ngroups):

@@ -267,30 +267,31 @@ def trace_metrics(stage: str, arch: str = "gfx942", block_size: int = 16, contex
 
 
 def collect(stages: Optional[Sequence[str]] = None, archs: Sequence[str] = ARCHS,
-            block_sizes: Sequence[int] = BLOCK_SIZES, *, trace_block_size: int = 16, progress: bool = False) -> Dict:
+            block_sizes: Sequence[int] = BLOCK_SIZES, *, trace_block_size: int = 16, progress: bool = True) -> Dict:
     """Static metrics for every (stage, arch, block size) and trace metrics for every (stage,
     arch) at ``trace_block_size``. A stage that cannot be driven (missing adapter, compile or
     run error) is reported under ``errors`` instead of stopping the rest.
 
     When this process is not on the emulator backend (a GPU machine), the trace part runs in
-    a subprocess with ``PA_TILE_BACKEND=emu``. ``progress`` shows a tqdm bar per part on stderr.
+    a subprocess with ``PA_TILE_BACKEND=emu``. ``progress``: a bar per part on stderr when someone
+    watches (``pa_tile.progress`` decides: never in an nbconvert or nbval run); ``False``: never.
     """
-    from tqdm import tqdm
-
     from .. import backend
+    from ..progress import progress as bar
     from . import adapters
 
     stages = list(adapters.stage_names() if stages is None else stages)
     out: Dict = dict(stages=stages, static=[], trace=[], errors=[])
     static_jobs = [(st, arch, bs) for st in stages for arch in archs for bs in block_sizes]
-    for st, arch, bs in tqdm(static_jobs, desc="compile", disable=not progress):
+    when = None if progress else False
+    for st, arch, bs in bar(static_jobs, desc="compile", enabled=when):
         try:
             out["static"].append(static_metrics(st, arch, bs).to_dict())
         except Exception as e:  # noqa: BLE001 - reported, the chapter goes on
             out["errors"].append(dict(stage=st, arch=arch, block_size=bs, part="static",
                                       error=f"{type(e).__name__}: {e}"))
     if backend.current_backend() == "emu":
-        for st, arch in tqdm([(st, arch) for st in stages for arch in archs], desc="trace", disable=not progress):
+        for st, arch in bar([(st, arch) for st in stages for arch in archs], desc="trace", enabled=when):
             try:
                 out["trace"].append(trace_metrics(st, arch, trace_block_size).to_dict())
             except Exception as e:  # noqa: BLE001
@@ -340,12 +341,14 @@ def _main(argv=None) -> int:
     archs = a.archs.split(",")
     if a.json:
         out = dict(trace=[], errors=[])
-        for st, arch in tqdm([(st, arch) for st in stages for arch in archs], desc="trace", disable=not progress):
-                try:
-                    out["trace"].append(trace_metrics(st, arch, a.block_size).to_dict())
-                except Exception as e:  # noqa: BLE001
-                    out["errors"].append(dict(stage=st, arch=arch, block_size=a.block_size, part="trace",
-                                              error=f"{type(e).__name__}: {e}"))
+        from ..progress import progress as bar
+
+        for st, arch in bar([(st, arch) for st in stages for arch in archs], desc="trace"):
+            try:
+                out["trace"].append(trace_metrics(st, arch, a.block_size).to_dict())
+            except Exception as e:  # noqa: BLE001
+                out["errors"].append(dict(stage=st, arch=arch, block_size=a.block_size, part="trace",
+                                          error=f"{type(e).__name__}: {e}"))
         print(json.dumps(out))
         return 0
     for st in stages:
