@@ -30,7 +30,7 @@ import matplotlib.pyplot as plt
 import torch
 
 import pa_tile
-from pa_tile import cache, isa, reference, toolchain
+from pa_tile import cache, figures, isa, reference, toolchain
 
 torch.set_printoptions(precision=3, linewidth=110)
 
@@ -66,7 +66,7 @@ case = cache.make_case(
 )
 print(case)
 print("block_tables (page ids; entries past a sequence's last page are padding):")
-print(case.block_tables)
+print(case.block_tables.cpu())
 print("K cache (logical layout [num_blocks, kv_heads, block_size, head_dim]):", tuple(case.k_cache.shape), case.k_cache.dtype)
 
 # %% [markdown]
@@ -156,7 +156,7 @@ print(f"batch 128, context 16384: {decode_bytes(128, 16384) / 2**30:.2f} GiB per
 #
 # The picture shows one page of one KV head (block_size 32, head_dim 32 to keep it small).
 # Each number marks one **16-byte chunk**, what a lane fetches with one 128-bit load, at its
-# position in memory; colours are 64-byte memory segments (4 chunks). If lane `i` of a wave
+# position in memory; colours are 64-byte memory segments (4 chunks, legend below). If lane `i` of a wave
 # takes chunk `i`, a layout is good when the chunks a wave needs *together* are numbered
 # consecutively.
 
@@ -175,17 +175,7 @@ def chunk_of(layout, block_size=32, head_dim=32):
     return (where // 16).reshape(block_size, head_dim).numpy()
 
 
-fig, axes = plt.subplots(1, 4, figsize=(14, 4.2), sharey=True)
-for ax, name in zip(axes, ["K plain", "K blocked", "V plain", "V trans-blocked"]):
-    ch = chunk_of(name)
-    ax.imshow((ch // 4) % 8, cmap="Pastel2", aspect="auto", interpolation="nearest")
-    for c in range(ch.max() + 1):
-        t, d = np.argwhere(ch == c).mean(axis=0)
-        ax.text(d, t, str(c), ha="center", va="center", fontsize=6)
-    ax.set_title(name, fontsize=10)
-    ax.set_xlabel("channel d")
-axes[0].set_ylabel("token t in page")
-plt.tight_layout()
+figures.cache_layouts({name: chunk_of(name) for name in ("K plain", "K blocked", "V plain", "V trans-blocked")})
 plt.show()
 
 # %% [markdown]
@@ -263,13 +253,13 @@ from pa_tile import backend  # noqa: E402
 
 print("backend:", backend.ensure_backend())
 
-# %%
+# %% tags=["nbval-ignore-output"]
 from pa_tile.emu import launch as emu_launch  # noqa: E402
 from pa_tile.emu.memory import Trace, format_table  # noqa: E402
 
 dev = backend.device_for_tensors()
 xd, yd, od = x.to(dev), y.to(dev), torch.zeros_like(x, device=dev)
-trace = Trace("gfx942")
+trace = Trace(backend.default_arch())
 with emu_launch.launch_options(trace=trace):  # the trace is filled only by the emulator
     scale_add(xd, yd, od, 2.0)
 print("max |out - (2x + y)| =", (od.cpu() - (2 * x + y)).abs().max().item())
@@ -277,6 +267,8 @@ if backend.current_backend() == "emu":
     executed = sum(row["count"] for row in trace.instruction_counts())
     print(f"{executed} wave-instructions executed by {(64 // 8) * (256 // 64)} workgroups; the memory ones:")
     print(format_table(trace.summary(), ["mnemonic", "space", "executions", "bytes", "segments", "min_segments"]))
+else:
+    print("ran on the GPU: memory traces are recorded only by the emulator (PA_TILE_BACKEND=emu)")
 
 # %% [markdown]
 # Each row adds up its instruction's executions, one per wave: a `global_load_dwordx4` moves

@@ -167,21 +167,10 @@ def make_tiled_mma(fp8):
 
 
 # %%
-def draw_wave_split():
-    fig, axes = plt.subplots(2, 1, figsize=(12, 2.6))
-    tok = np.arange(256)
-    axes[0].imshow(((tok % 64) // 16)[None, :], aspect="auto", cmap="Set2", vmin=0, vmax=7)
-    axes[0].set_title("Q·Kᵀ: wave owning the scores of each token of a 256-token tile")
-    ch = np.arange(128)
-    axes[1].imshow(((ch % 64) // 16)[None, :], aspect="auto", cmap="Set2", vmin=0, vmax=7)
-    axes[1].set_title("P·V: wave owning each output channel")
-    for ax in axes:
-        ax.set_yticks([])
-    fig.tight_layout()
-    plt.show()
+from pa_tile import figures  # noqa: E402
 
-
-draw_wave_split()
+figures.wave_split(TILE_TOKENS, HEAD_DIM)
+plt.show()
 
 # %% [markdown]
 # ## Paging as virtual memory
@@ -602,32 +591,33 @@ def paged_decode(query, key_cache, value_cache, block_tables, context_lengths, k
 # `2⁻⁴ · max|v|`; the fp8 query perturbs the logits by a comparable amount. The bound used is
 # `2⁻³ · max|v|` over the values a sequence reads, plus f16 rounding of the output.
 
-# %%
+# %% tags=["nbval-ignore-output"]
 from pa_tile import backend, cache, isa, toolchain  # noqa: E402
+from pa_tile.arch import ARCHS, fp8_format  # noqa: E402
 from pa_tile.emu.memory import format_table  # noqa: E402
 
-print("backend:", backend.ensure_backend())
+print("backend:", backend.ensure_backend())  # "gpu" on a ROCm machine, else "emu"
 
-
+# %% tags=["nbval-ignore-output"]
 def check(arch, block_size, group, contexts=(1, 17, 256, 1027), num_kv_heads=2, seed=0):
-    fmt = "ocp" if arch == "gfx950" else "fnuz"
+    # the case lives where kernels run (the GPU on a ROCm machine); results compare on the CPU
     case = cache.make_case(len(contexts), group * num_kv_heads, num_kv_heads, HEAD_DIM, block_size, list(contexts),
-                           fp8_format=fmt, seed=seed, pad_block_id=-1)
+                           fp8_format=fp8_format(arch), seed=seed, pad_block_id=-1)
     got = paged_decode(case.query, case.k_cache, case.v_plain(), case.block_tables, case.context_lengths,
-                       case.k_scale, case.v_scale, arch=arch)
-    want = case.reference()
+                       case.k_scale, case.v_scale, arch=arch).float().cpu()
+    want = case.reference().float().cpu()
     rows = []
     for s, L in enumerate(contexts):
         pages = case.block_tables[s, : -(-L // block_size)].long()
         vmax = float(cache.dequantize(case.v_cache[pages], scale=case.v_scale).abs().max())
-        err = float((got[s].float() - want[s].float()).abs().max())
+        err = float((got[s] - want[s]).abs().max())
         tol = 2**-3 * vmax + 2**-10 * float(want[s].float().abs().max())
         rows.append(dict(arch=arch, block=block_size, group=group, context=L, max_err=round(err, 4),
                          tolerance=round(tol, 3), ok=err <= tol))
     return rows
 
 
-table = [r for arch in ("gfx942", "gfx950") for bs in LIMITS.block_sizes for g in LIMITS.groups
+table = [r for arch in backend.runnable_archs() for bs in LIMITS.block_sizes for g in LIMITS.groups
          for r in check(arch, bs, g)]
 print(format_table(table))
 assert all(r["ok"] for r in table)
@@ -641,14 +631,14 @@ assert all(r["ok"] for r in table)
 
 # %%
 def stage1_isa(arch, block_size=16, group=8):
-    fmt = "ocp" if arch == "gfx950" else "fnuz"
-    case = cache.make_case(1, group, 1, HEAD_DIM, block_size, 17, fp8_format=fmt)
+    # compiling needs no device: CPU tensors let a GPU machine compile for the other arch too
+    case = cache.make_case(1, group, 1, HEAD_DIM, block_size, 17, fp8_format=fp8_format(arch), device="cpu")
     launcher, args, _ = launch_args(case.query, case.k_cache, case.v_plain(), case.block_tables,
                                     case.context_lengths, case.k_scale, case.v_scale, arch=arch)
     return isa.IsaStats.from_asm(toolchain.compile_isa(launcher, *args, arch=arch))
 
 
-stats = {arch: stage1_isa(arch) for arch in ("gfx942", "gfx950")}
+stats = {arch: stage1_isa(arch) for arch in ARCHS}
 for arch, st in stats.items():
     print(isa.summary(st))
     print()
@@ -673,25 +663,32 @@ for arch, st in stats.items():
 #   an MFMA column read 16 rows whose stride (128 or 256 bytes) is a multiple of the bank width,
 #   and the row-wise reads of the scores conflict 4-way.
 
-# %%
+# %% tags=["nbval-ignore-output"]
 from collections import defaultdict  # noqa: E402
 
 from pa_tile.emu import launch as emu_launch  # noqa: E402
 from pa_tile.emu.memory import Trace  # noqa: E402
 
-case = cache.make_case(1, 8, 1, HEAD_DIM, 16, 256, fp8_format="fnuz", pad_block_id=-1)
-trace = Trace("gfx942")
-with emu_launch.launch_options(trace=trace):
-    paged_decode(case.query, case.k_cache, case.v_plain(), case.block_tables, case.context_lengths,
-                 case.k_scale, case.v_scale, arch="gfx942")
 
-groups = defaultdict(lambda: dict(executions=0, conflict_cycles=0))
-for a in trace.accesses():
-    lds = a["space"] == "lds"
-    pattern = ("conflict x%d" % a["conflict_degree"]) if lds else "%d of min %d segments" % (a["segments"], a["min_segments"])
-    g = groups[(a["space"], a["mnemonic"], "store" if a["write"] else "load", a["bytes_per_lane"], pattern)]
-    g["executions"] += 1
-    g["conflict_cycles"] += a.get("conflict_cycles", 0)
-rows = [dict(space=k[0], instruction=k[1], dir=k[2], bytes_per_lane=k[3], per_execution=k[4], **v)
-        for k, v in sorted(groups.items())]
-print(format_table(rows))
+def access_patterns(arch="gfx942"):
+    """One tile's memory instructions, grouped by kind and access pattern."""
+    case = cache.make_case(1, 8, 1, HEAD_DIM, 16, 256, fp8_format=fp8_format(arch), pad_block_id=-1)
+    trace = Trace(arch)
+    with emu_launch.launch_options(trace=trace):
+        paged_decode(case.query, case.k_cache, case.v_plain(), case.block_tables, case.context_lengths,
+                     case.k_scale, case.v_scale, arch=arch)
+    groups = defaultdict(lambda: dict(executions=0, conflict_cycles=0))
+    for a in trace.accesses():
+        lds = a["space"] == "lds"
+        pattern = ("conflict x%d" % a["conflict_degree"]) if lds else "%d of min %d segments" % (a["segments"], a["min_segments"])
+        g = groups[(a["space"], a["mnemonic"], "store" if a["write"] else "load", a["bytes_per_lane"], pattern)]
+        g["executions"] += 1
+        g["conflict_cycles"] += a.get("conflict_cycles", 0)
+    return [dict(space=k[0], instruction=k[1], dir=k[2], bytes_per_lane=k[3], per_execution=k[4], **v)
+            for k, v in sorted(groups.items())]
+
+
+if backend.current_backend() == "emu":
+    print(format_table(access_patterns()))
+else:
+    print("ran on the GPU: memory traces are recorded only by the emulator (PA_TILE_BACKEND=emu)")

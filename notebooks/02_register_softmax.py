@@ -39,9 +39,11 @@
 # %%
 import math
 
+import matplotlib.pyplot as plt
 import torch
 
-from pa_tile import cache, isa, toolchain
+from pa_tile import cache, figures, isa, toolchain
+from pa_tile.arch import ARCHS, fp8_format
 
 # %% [markdown]
 # ## Building blocks
@@ -147,6 +149,14 @@ source(kernel_lib.rsrc, kernel_lib.buffer_load, kernel_lib.scalar_load, kernel_l
 # channels its K loads cover), the four lanes of a head agree on `amax` with two
 # `_xor_lanes` steps, and `q_scale = amax / FP8_MAX` is folded into the score scale.
 
+# %% [markdown]
+# The same fragments drawn out: the number in a cell is the lane that holds it. A lane's
+# four scores and its four outputs sit in one column, i.e. belong to one query head.
+
+# %%
+figures.mfma_ownership(chunk=0, d_chunk=0)
+plt.show()
+
 # %%
 source(kernel_lib.query_operands)
 
@@ -193,6 +203,13 @@ source(kernel_lib.query_operands)
 # Only the last tile can hold tokens past the context. There the raw scores become `-inf`
 # before the max, and the matching V bytes are zeroed: a page's unused slots may hold stale
 # codes (even NaN codes), and `0 · NaN` is NaN inside the MFMA.
+
+# %% [markdown]
+# The row max across the four lanes of a head, the two `xor_lanes` steps of `softmax_step`:
+
+# %%
+figures.softmax_butterfly(head=0)
+plt.show()
 
 # %%
 source(kernel_lib.mask_tail, kernel_lib.tree_sum, kernel_lib.softmax_step)
@@ -521,21 +538,19 @@ from pa_tile import backend  # noqa: E402
 
 print("backend:", backend.ensure_backend())  # "gpu" on a ROCm machine, else "emu"
 
-# %%
+# %% tags=["nbval-ignore-output"]
 from pa_tile.emu.memory import format_table  # noqa: E402
 from pa_tile.stages.s2_register_softmax import numerics_model, paged_decode  # noqa: E402
 
 
 def check(arch, block_size, group, contexts=(1, 17, 256, 1027), num_kv_heads=2, seed=1):
-    fmt = "ocp" if arch == "gfx950" else "fnuz"
     case = cache.make_case(len(contexts), group * num_kv_heads, num_kv_heads, 128, block_size, list(contexts),
-                           fp8_format=fmt, seed=seed, pad_block_id=-1)
+                           fp8_format=fp8_format(arch), seed=seed, pad_block_id=-1)
     args = (case.query, case.k_cache, case.v_plain(), case.block_tables, case.context_lengths,
             case.k_scale, case.v_scale)
-    device = backend.device_for_tensors()
-    got = paged_decode(*(x.to(device) for x in args), arch=arch).float().cpu()
-    ref = case.reference().float()
-    model = numerics_model(*args, arch=arch)
+    got = paged_decode(*args, arch=arch).float().cpu()
+    ref = case.reference().float().cpu()
+    model = numerics_model(*(x.cpu() for x in args), arch=arch).float()
     rows = []
     for s, n in enumerate(contexts):
         err = (got[s] - ref[s]).abs()
@@ -546,7 +561,7 @@ def check(arch, block_size, group, contexts=(1, 17, 256, 1027), num_kv_heads=2, 
     return rows
 
 
-table = [r for arch in ("gfx942", "gfx950") for bs in (16, 64) for g in (8, 16) for r in check(arch, bs, g)]
+table = [r for arch in backend.runnable_archs() for bs in (16, 64) for g in (8, 16) for r in check(arch, bs, g)]
 print(format_table(table))
 assert all(r["ok"] for r in table)
 
@@ -561,8 +576,8 @@ from pa_tile.stages.s2_register_softmax import launch_args  # noqa: E402
 
 
 def isa_stats(stage, arch, block_size=16, group=8):
-    fmt = "ocp" if arch == "gfx950" else "fnuz"
-    case = cache.make_case(1, group, 1, 128, block_size, 17, fp8_format=fmt)
+    # compiling needs no device: CPU tensors let a GPU machine compile for the other arch too
+    case = cache.make_case(1, group, 1, 128, block_size, 17, fp8_format=fp8_format(arch), device="cpu")
     if stage == 1:
         launch = s1_tile_qk.build_launcher(arch, block_size, group, 1.0 / math.sqrt(128))
         args = (case.query, case.k_cache, case.v_plain(), case.block_tables, case.context_lengths,
@@ -573,8 +588,8 @@ def isa_stats(stage, arch, block_size=16, group=8):
     return isa.IsaStats.from_asm(toolchain.compile_isa(launch, *args, arch=arch))
 
 
-stats = {(s, arch): isa_stats(s, arch) for s in (1, 2) for arch in ("gfx942", "gfx950")}
-for arch in ("gfx942", "gfx950"):
+stats = {(s, arch): isa_stats(s, arch) for s in (1, 2) for arch in ARCHS}
+for arch in ARCHS:
     print(isa.diff(stats[1, arch], stats[2, arch], labels=("stage 1", "stage 2"), mnemonics=False))
     print()
 
@@ -589,7 +604,7 @@ def loop_row(stage, arch):
                 loop_barriers=fam.get("barrier", 0), loop_valu=fam.get("valu", 0), loop_mfma=fam.get("mfma", 0))
 
 
-print(format_table([loop_row(s, a) for a in ("gfx942", "gfx950") for s in (1, 2)]))
+print(format_table([loop_row(s, a) for a in ARCHS for s in (1, 2)]))
 
 # %% [markdown]
 # What each change removed:
@@ -621,14 +636,17 @@ print(format_table([loop_row(s, a) for a in ("gfx942", "gfx950") for s in (1, 2)
 # emulator: every memory instruction with its bytes, the 64-byte segments it touched (and
 # the fewest possible), and LDS bank conflicts (the merge only).
 
-# %%
+# %% tags=["nbval-ignore-output"]
 from pa_tile.emu import launch as emu_launch  # noqa: E402
 from pa_tile.emu.memory import Trace  # noqa: E402
 
-case = cache.make_case(1, 8, 1, 128, 16, 256, fp8_format="fnuz", pad_block_id=-1)
-trace = Trace("gfx942")
-with emu_launch.launch_options(trace=trace):
-    paged_decode(case.query, case.k_cache, case.v_plain(), case.block_tables, case.context_lengths,
-                 case.k_scale, case.v_scale, arch="gfx942")
-cols = ["mnemonic", "space", "executions", "bytes", "segments", "min_segments", "max_degree", "conflict_cycles"]
-print(format_table(trace.summary(), ["line"] + cols))
+if backend.current_backend() == "emu":
+    case = cache.make_case(1, 8, 1, 128, 16, 256, fp8_format="fnuz", pad_block_id=-1)
+    trace = Trace("gfx942")
+    with emu_launch.launch_options(trace=trace):
+        paged_decode(case.query, case.k_cache, case.v_plain(), case.block_tables, case.context_lengths,
+                     case.k_scale, case.v_scale, arch="gfx942")
+    cols = ["mnemonic", "space", "executions", "bytes", "segments", "min_segments", "max_degree", "conflict_cycles"]
+    print(format_table(trace.summary(), ["line"] + cols))
+else:
+    print("ran on the GPU: memory traces are recorded only by the emulator (PA_TILE_BACKEND=emu)")

@@ -31,10 +31,12 @@
 # %%
 import math
 
+import matplotlib.pyplot as plt
 import numpy as np
 import torch
 
-from pa_tile import backend, cache, isa, toolchain
+from pa_tile import backend, cache, figures, isa, toolchain
+from pa_tile.arch import ARCHS, fp8_format
 from pa_tile.emu import launch as emu_launch
 from pa_tile.emu.memory import SEGMENT, Trace, coalescing_segments, format_table
 
@@ -93,19 +95,26 @@ def per_tensor_loads(trace, tensors):
 # counted with the trace's own segment function:
 
 # %%
-def naive_segments(layout, head_dim=128, block_size=64):
+def naive_offsets(layout, head_dim=128, block_size=64):
     lanes = np.arange(64)
-    idx = {  # lane l -> (token, first channel) of its 16 bytes, offset in a (page, kv head) slab
+    return {  # lane l -> (token, first channel) of its 16 bytes, offset in a (page, kv head) slab
         "k_plain": lanes * head_dim,  # K row l, channels 0..15
         "k_blocked": lanes * 16,  # [d//16 = 0][t = l][16]
         "v_plain": lanes * block_size,  # V row (channel) l, tokens 0..15
         "v_trans_blocked": lanes * 16,  # [t//16 = 0][d = l][16]
     }[layout]
-    return coalescing_segments(idx.astype(np.uint64), np.ones(64, bool), 16)
 
 
-print(format_table([dict(layout=k, segments=naive_segments(k), minimum=16)
-                    for k in ("k_plain", "k_blocked", "v_plain", "v_trans_blocked")]))
+def naive_segments(layout):
+    return coalescing_segments(naive_offsets(layout).astype(np.uint64), np.ones(64, bool), 16)
+
+
+LAYOUTS = ("k_plain", "k_blocked", "v_plain", "v_trans_blocked")
+print(format_table([dict(layout=k, segments=naive_segments(k), minimum=16) for k in LAYOUTS]))
+
+# %%
+figures.load_segments({k: naive_offsets(k) for k in LAYOUTS})
+plt.show()
 
 # %% [markdown]
 # 64 segments for 1 KB (4× the minimum: every segment carries 16 useful bytes of 64) with the
@@ -114,10 +123,12 @@ print(format_table([dict(layout=k, segments=naive_segments(k), minimum=16)
 # Trace one tile (256 tokens, block 16, group 8, gfx942) of chapter 3's kernel on the plain
 # layouts and of this chapter's on the blocked ones:
 
-# %%
+# %% tags=["nbval-ignore-output"]
 from pa_tile.stages import s3_raw_loads as s3  # noqa: E402
 from pa_tile.stages import s4_blocked_layouts as s4  # noqa: E402
 
+EMU = backend.current_backend() == "emu"  # traces are recorded only by the emulator
+NO_TRACE = "ran on the GPU: memory traces are recorded only by the emulator (PA_TILE_BACKEND=emu)"
 one = cache.make_case(1, 8, 1, 128, 16, 256, fp8_format="fnuz", pad_block_id=-1)
 
 
@@ -129,10 +140,12 @@ def trace_one_tile(module, k, v, **kw):
     return trace, per_tensor_loads(trace, dict(K=k, V=v))
 
 
-k_blk, v_tb, v_pl = one.k_blocked(), one.v_trans_blocked(), one.v_plain()
-trace3, rows3 = trace_one_tile(s3, one.k_cache, v_pl)
-trace4, rows4 = trace_one_tile(s4, k_blk, v_tb)
-print(format_table([dict(stage="3 plain", **r) for r in rows3] + [dict(stage="4 blocked", **r) for r in rows4]))
+if EMU:
+    trace3, rows3 = trace_one_tile(s3, one.k_cache, one.v_plain())
+    trace4, rows4 = trace_one_tile(s4, one.k_blocked(), one.v_trans_blocked())
+    print(format_table([dict(stage="3 plain", **r) for r in rows3] + [dict(stage="4 blocked", **r) for r in rows4]))
+else:
+    print(NO_TRACE)
 
 # %% [markdown]
 # Both are at the minimum: 16 segments per 1 KB load (loads where lanes repeat an address,
@@ -532,9 +545,10 @@ def launch_args(query, key_cache, value_cache, block_tables, context_lengths, ke
     ks, vs = problem.scale_tensors(p, key_scale, value_scale)
     # per token, P is weighted by v_scale / max(v_scale) <= 1 so that it stays in fp8 range
     v_norm = vs.amax().reshape(1) if p.per_token else vs
+    out = problem.output(p, query, out)
     launcher = build_launcher(p.block_size, p.head_dim, p.group, p.arch, p.q_dtype, p.per_token, p.v_layout)
     args = (
-        problem.output(p, query, out), query, key_cache.view(torch.uint8), value_cache.view(torch.uint8),
+        out, query, key_cache.view(torch.uint8), value_cache.view(torch.uint8),
         block_tables, context_lengths, ks, vs, v_norm,
         p.num_seqs, p.num_kv_heads, p.max_blocks, query.stride(0), query.stride(1), p.scale_log2,
     )
@@ -632,13 +646,13 @@ def numerics_model(query, key_cache, value_cache, block_tables, context_lengths,
 # The only LDS in the kernel is the final merge (chapter 2): a `(max, sum)` table and an
 # exchange buffer. The trace of chapter 3's kernel for the tile above:
 
-# %%
+# %% tags=["nbval-ignore-output"]
 def lds_rows(trace):
     return [dict(mnemonic=r["mnemonic"], line=r["line"], executions=r["executions"], max_degree=r["max_degree"],
                  conflict_cycles=r["conflict_cycles"]) for r in trace.summary() if r["space"] == "lds"]
 
 
-print(format_table(lds_rows(trace3)))
+print(format_table(lds_rows(trace3)) if EMU else NO_TRACE)
 
 # %% [markdown]
 # The write of the `(max, sum)` table conflicts 2-way. Its layout is
@@ -654,9 +668,15 @@ print(format_table(lds_rows(trace3)))
 # exchange buffer (`[sender][slot][lane]` × 16 bytes) is already conflict-free.
 
 # %%
+figures.lds_banks(strides=(4, s4.STATS_STRIDE), banks=32)
+plt.show()
+
+# %% [markdown]
+# Measured by the emulator's bank model, for both strides on both arches:
+
+# %% tags=["nbval-ignore-output"]
 def lds_trace(arch, stride, head_dim=128):
-    fmt = "ocp" if arch == "gfx950" else "fnuz"
-    case = cache.make_case(1, 16, 1, head_dim, 16, 256, fp8_format=fmt, pad_block_id=-1)
+    case = cache.make_case(1, 16, 1, head_dim, 16, 256, fp8_format=fp8_format(arch), pad_block_id=-1)
     launcher, args, _ = s4.launch_args(case.query, case.k_blocked(), case.v_trans_blocked(), case.block_tables,
                                        case.context_lengths, case.k_scale, case.v_scale, arch=arch)
     launcher = s4.build_launcher(16, head_dim, 16, arch, "f16", False, "trans_blocked", stride)
@@ -667,13 +687,13 @@ def lds_trace(arch, stride, head_dim=128):
 
 
 rows = []
-for arch in ("gfx942", "gfx950"):
+for arch in ARCHS if EMU else ():
     for stride in (4, s4.STATS_STRIDE):
         lds = [r for r in lds_trace(arch, stride).accesses() if r["space"] == "lds"]
         rows.append(dict(arch=arch, head_row_words=stride, lds_accesses=len(lds),
                          max_degree=max(r["conflict_degree"] for r in lds),
                          conflict_cycles=sum(r["conflict_cycles"] for r in lds)))
-print(format_table(rows))
+print(format_table(rows) if EMU else NO_TRACE)
 
 # %% [markdown]
 # ## Does it work?
@@ -684,17 +704,15 @@ print(format_table(rows))
 # chapter 2 against the float32 reference (`|err| ≤ 0.1 + 2⁻⁴|ref|`), and against
 # `numerics_model` (the same roundings in torch) `2·10⁻⁴ + 1 ulp` of the output dtype.
 
-# %%
+# %% tags=["nbval-ignore-output"]
 def check(arch, block_size, head_dim, q_dtype, scales, v_layout, contexts=(1, 17, 256, 1027)):
-    fmt = "ocp" if arch == "gfx950" else "fnuz"
-    case = cache.make_case(len(contexts), 8, 1, head_dim, block_size, list(contexts), fp8_format=fmt, seed=1,
-                           pad_block_id=-1, query_dtype=q_dtype, scales=scales)
+    case = cache.make_case(len(contexts), 8, 1, head_dim, block_size, list(contexts), fp8_format=fp8_format(arch),
+                           seed=1, pad_block_id=-1, query_dtype=q_dtype, scales=scales)
     v = case.v_trans_blocked() if v_layout == "trans_blocked" else case.v_plain()
     args = (case.query, case.k_blocked(), v, case.block_tables, case.context_lengths, case.k_scale, case.v_scale)
-    device = backend.device_for_tensors()
-    got = s4.paged_decode(*(x.to(device) for x in args), arch=arch, v_layout=v_layout).cpu()
-    ref = case.reference().float()
-    model = s4.numerics_model(*args, arch=arch, v_layout=v_layout)
+    got = s4.paged_decode(*args, arch=arch, v_layout=v_layout).cpu()
+    ref = case.reference().float().cpu()
+    model = s4.numerics_model(*(x.cpu() for x in args), arch=arch, v_layout=v_layout).float()
     ulp = 2.0**-7 if q_dtype == torch.bfloat16 else 2.0**-10
     err = (got.float() - ref).abs()
     return dict(arch=arch, block=block_size, head_dim=head_dim, query=str(q_dtype)[6:], scales=scales, v=v_layout,
@@ -705,7 +723,7 @@ def check(arch, block_size, head_dim, q_dtype, scales, v_layout, contexts=(1, 17
 
 combos = [(torch.float16, "per-tensor", "trans_blocked"), (torch.float16, "per-token", "trans_blocked"),
           (torch.bfloat16, "per-token", "trans_blocked"), (torch.bfloat16, "per-tensor", "plain")]
-table = [check(arch, bs, hd, *c) for arch in ("gfx942", "gfx950") for bs in (16, 64) for hd in (64, 128)
+table = [check(arch, bs, hd, *c) for arch in backend.runnable_archs() for bs in (16, 64) for hd in (64, 128)
          for c in combos]
 print(format_table(table))
 assert all(r["ok"] and r["matches_model"] and r["out"] == r["query"] for r in table)
@@ -716,19 +734,20 @@ assert all(r["ok"] and r["matches_model"] and r["out"] == r["query"] for r in ta
 # query that is a slice of a fused QKV tensor gives the same output as its contiguous copy:
 
 # %%
-case = cache.make_case(3, 16, 2, 128, 16, [1, 300, 1027], fp8_format="fnuz", pad_block_id=-1)
+arch = backend.default_arch()  # the GPU's, or the emulator's
+case = cache.make_case(3, 16, 2, 128, 16, [1, 300, 1027], fp8_format=fp8_format(arch), pad_block_id=-1)
 same = {}
 want = s3.paged_decode(case.query, case.k_cache, case.v_plain(), case.block_tables, case.context_lengths,
-                       case.k_scale, case.v_scale, arch="gfx942")
+                       case.k_scale, case.v_scale)
 for v_layout, v in (("trans_blocked", case.v_trans_blocked()), ("plain", case.v_plain())):
     got = s4.paged_decode(case.query, case.k_blocked(), v, case.block_tables, case.context_lengths,
-                          case.k_scale, case.v_scale, arch="gfx942", v_layout=v_layout)
+                          case.k_scale, case.v_scale, v_layout=v_layout)
     same[f"stage 3 == stage 4 ({v_layout} V)"] = torch.equal(got, want)
-qkv = torch.zeros(3, 16 + 2 * 2, 128, dtype=torch.float16)  # [q heads | k heads | v heads]
+qkv = torch.zeros(3, 16 + 2 * 2, 128, dtype=torch.float16, device=case.query.device)  # [q | k | v heads]
 qkv[:, :16] = case.query
 q_view = qkv[:, :16]
 got = s4.paged_decode(q_view, case.k_blocked(), case.v_trans_blocked(), case.block_tables, case.context_lengths,
-                      case.k_scale, case.v_scale, arch="gfx942")
+                      case.k_scale, case.v_scale)
 same[f"strided query {tuple(q_view.stride())} == contiguous"] = torch.equal(got, want)
 print(same)
 assert all(same.values())
@@ -742,8 +761,9 @@ assert all(same.values())
 # %%
 def compile4(arch, block_size=16, head_dim=128, group=8, q_dtype=torch.float16, scales="per-tensor",
              v_layout="trans_blocked"):
-    fmt = "ocp" if arch == "gfx950" else "fnuz"
-    case = cache.make_case(1, group, 1, head_dim, block_size, 17, fp8_format=fmt, query_dtype=q_dtype, scales=scales)
+    # compiling needs no device: CPU tensors let a GPU machine compile for the other arch too
+    case = cache.make_case(1, group, 1, head_dim, block_size, 17, fp8_format=fp8_format(arch), query_dtype=q_dtype,
+                           scales=scales, device="cpu")
     v = case.v_trans_blocked() if v_layout == "trans_blocked" else case.v_plain()
     launcher, args, arch = s4.launch_args(case.query, case.k_blocked(), v, case.block_tables, case.context_lengths,
                                           case.k_scale, case.v_scale, arch=arch, v_layout=v_layout)
@@ -751,20 +771,19 @@ def compile4(arch, block_size=16, head_dim=128, group=8, q_dtype=torch.float16, 
 
 
 def compile3(arch):
-    fmt = "ocp" if arch == "gfx950" else "fnuz"
-    case = cache.make_case(1, 8, 1, 128, 16, 17, fp8_format=fmt)
+    case = cache.make_case(1, 8, 1, 128, 16, 17, fp8_format=fp8_format(arch), device="cpu")
     launcher, args, arch = s3.launch_args(case.query, case.k_cache, case.v_plain(), case.block_tables,
                                           case.context_lengths, case.k_scale, case.v_scale, arch=arch)
     return isa.IsaStats.from_asm(toolchain.compile_isa(launcher, *args, arch=arch))
 
 
-for arch in ("gfx942", "gfx950"):
+for arch in ARCHS:
     print(isa.diff(compile3(arch), compile4(arch), labels=("stage 3", "stage 4"), mnemonics=False))
     print()
 
 # %%
 rows = []
-for arch in ("gfx942", "gfx950"):
+for arch in ARCHS:
     for bs, hd, qd, sc in ((16, 128, torch.float16, "per-tensor"), (64, 128, torch.bfloat16, "per-token"),
                            (16, 64, torch.float16, "per-tensor"), (64, 64, torch.bfloat16, "per-token")):
         st = compile4(arch, bs, hd, 16, qd, sc)
@@ -785,6 +804,6 @@ print(format_table(rows))
 # The full trace of this chapter's kernel for the one-tile case above: every K and V byte
 # arrives by `buffer_load_dwordx4` at 16 segments per 1 KB, and the LDS has no conflict.
 
-# %%
+# %% tags=["nbval-ignore-output"]
 cols = ["mnemonic", "space", "executions", "bytes", "segments", "min_segments", "max_degree", "conflict_cycles"]
-print(format_table(trace4.summary(), ["line"] + cols))
+print(format_table(trace4.summary(), ["line"] + cols) if EMU else NO_TRACE)

@@ -36,11 +36,22 @@
 # %%
 import math
 
+import matplotlib.pyplot as plt
 import torch
 from tqdm import tqdm
 
-from pa_tile import backend, cache, isa, toolchain
+from pa_tile import backend, cache, figures, isa, toolchain
+from pa_tile.arch import fp8_format
 from pa_tile.emu.memory import format_table
+
+# %% [markdown]
+# Three sequences of one batch, split four ways: each partition takes a contiguous run of a
+# sequence's 256-token tiles, a short sequence leaves the last partitions empty, and the reduce
+# combines, per query row, what the partitions of that row's sequence wrote.
+
+# %%
+figures.split_k(context_lengths=[300, 1027, 2600], num_partitions=4)
+plt.show()
 
 # %% [markdown]
 # ## The partial results and the merge math
@@ -87,6 +98,7 @@ partition's row max, row sum and normalized output. ``build_reduce`` merges them
 ``pa_tile.api``; this module's ``paged_decode``/``launch_args`` are the stage contract over it.
 """
 
+import dataclasses
 import functools
 
 import torch
@@ -100,10 +112,12 @@ from pa_tile.kernel_lib import LOG2E, TILE, buffer_load, buffer_store, exp2, fma
 from pa_tile.stages import s5_phase_split_mtp as s5
 
 __all__ = ["paged_decode", "launch_args", "build_reduce", "combine_torch", "choose_num_partitions",
-           "workspace_size", "carve", "make_workspace", "MAX_PARTITIONS"]
+           "workspace_size", "carve", "make_workspace", "LIMITS", "MAX_PARTITIONS"]
 
+#: the finished kernel supports what chapter 5's does; the split is what this chapter adds
+LIMITS = dataclasses.replace(s5.LIMITS, stage="s6")
 #: the largest split chapter 5's kernel accepts
-MAX_PARTITIONS = s5.LIMITS.max_partitions
+MAX_PARTITIONS = LIMITS.max_partitions
 #: workgroups the heuristic aims for, per CU (see ``choose_num_partitions``)
 WORKGROUPS_PER_CU = 4
 #: a partition gets at least this many 256-token tiles (see ``choose_num_partitions``)
@@ -223,7 +237,10 @@ def build_reduce(head_dim, group, query_length, q_dtype="f16"):
 print("backend:", backend.ensure_backend())  # "gpu" on a ROCm machine, else "emu"
 DEV = backend.device_for_tensors()
 
-# %%
+# %% tags=["nbval-ignore-output"]
+from pa_tile import launching  # noqa: E402
+
+
 def synthetic_partials(S, kvh, NP, rows, hd, seed=0):
     g = torch.Generator().manual_seed(seed)
     pmax = torch.randn(S, kvh, NP, rows, generator=g) * 4
@@ -238,13 +255,12 @@ def run_reduce(arch, pmax, psum, pout, ql, g, qdt):
     S, kvh, NP, rows, hd = pout.shape
     out = torch.full((S * ql, kvh * g, hd), float("nan"), dtype=qdt, device=DEV)
     launcher = build_reduce(hd, g, ql, "bf16" if qdt == torch.bfloat16 else "f16")
-    with toolchain.target_arch(arch):
-        launcher(out, pmax.to(DEV), psum.to(DEV), pout.to(DEV), S, kvh, NP)
+    launching.launch(launcher, (out, pmax.to(DEV), psum.to(DEV), pout.to(DEV), S, kvh, NP), arch=arch)
     return out.cpu()
 
 
 rrows = []
-for arch in ("gfx942", "gfx950"):
+for arch in backend.runnable_archs():
     for (S, kvh, NP, ql, g, hd, qdt) in ((2, 2, 3, 2, 5, 64, torch.float16), (1, 3, 7, 4, 8, 128, torch.bfloat16),
                                          (2, 1, 1, 1, 4, 256, torch.float16)):
         pm, ps, po = synthetic_partials(S, kvh, NP, ql * g, hd)
@@ -394,14 +410,16 @@ def paged_decode(query, key_cache, value_cache, block_tables, context_lengths, k
 # with the caches built by `pa_tile.cache` from a test case (in a real server they come from the
 # KV-cache manager, already in these layouts):
 
-# %%
+# %% tags=["nbval-ignore-output"]
 import pa_tile  # noqa: E402
 
-case = cache.make_case(2, 16, 2, 128, 16, [300, 1027], fp8_format="fnuz", seed=5)
+arch = backend.default_arch()  # the GPU's, or the emulator's
+case = cache.make_case(2, 16, 2, 128, 16, [300, 1027], fp8_format=fp8_format(arch), seed=5)
 kv = dict(key_cache=case.k_blocked(), value_cache=case.v_trans_blocked())
 out = pa_tile.paged_decode(case.query, **kv, block_tables=case.block_tables, context_lengths=case.context_lengths,
-                           key_scale=case.k_scale, value_scale=case.v_scale, arch="gfx942")
-print(out.shape, out.dtype, "max |err| vs reference:", float((out.float() - case.reference().float()).abs().max()))
+                           key_scale=case.k_scale, value_scale=case.v_scale)
+err = float((out.float().cpu() - case.reference().float().cpu()).abs().max())
+print(tuple(out.shape), out.dtype, f"max |err| vs reference: {err:.4f}")
 
 # %% [markdown]
 # For graph capture, allocate `out` and the workspace once and pass them every step:
@@ -420,14 +438,14 @@ print(out.shape, out.dtype, "max |err| vs reference:", float((out.float() - case
 
 # %%
 for bad, fix in ((dict(block_tables=case.block_tables.long()), "int64 block table"),
-                 (dict(workspace=torch.empty(10)), "workspace too small for the split"),
+                 (dict(workspace=torch.empty(10, device=case.query.device)), "workspace too small for the split"),
                  (dict(num_partitions=0), "no partitions")):
     kw = dict(key_cache=case.k_blocked(), value_cache=case.v_trans_blocked(), block_tables=case.block_tables,
               context_lengths=case.context_lengths, key_scale=case.k_scale, value_scale=case.v_scale)
     kw.update(bad)
     P = kw.pop("num_partitions", 2)
     try:
-        pa_tile.paged_decode(case.query, **kw, num_partitions=P, arch="gfx942")
+        pa_tile.paged_decode(case.query, **kw, num_partitions=P)
     except (TypeError, ValueError) as e:
         print(f"{fix:36s} -> {type(e).__name__}: {e}")
 
@@ -442,25 +460,23 @@ for bad, fix in ((dict(block_tables=case.block_tables.long()), "int64 block tabl
 # 1027 tokens (5 tiles) a split of 3 leaves the 17-token sequence two empty partitions and the
 # 1-token one two as well. Tolerance as in chapters 2 and 5: `|err| ≤ 0.1 + 2⁻⁴·|ref|`.
 
-# %%
-FMT = {"gfx942": "fnuz", "gfx950": "ocp"}
-
-
-def make(arch, bs, hd, g, ql, scales="per-tensor", qdt=torch.float16, contexts=cache.RAGGED_CONTEXTS, kvh=1, seed=1):
+# %% tags=["nbval-ignore-output"]
+def make(arch, bs, hd, g, ql, scales="per-tensor", qdt=torch.float16, contexts=cache.RAGGED_CONTEXTS, kvh=1, seed=1,
+         device=None):
+    """A case on ``device`` (default: where kernels run here; "cpu" for compile-only cells)."""
     ctx = [max(c, ql) for c in contexts]
-    return cache.make_case(len(ctx), g * kvh, kvh, hd, bs, ctx, query_length=ql, fp8_format=FMT[arch], scales=scales,
-                           query_dtype=qdt, seed=seed, pad_block_id=-1)
+    return cache.make_case(len(ctx), g * kvh, kvh, hd, bs, ctx, query_length=ql, fp8_format=fp8_format(arch),
+                           scales=scales, query_dtype=qdt, seed=seed, pad_block_id=-1, device=device)
 
 
 def inputs(case, trans_v=True, strided=False):
     q = case.query
     if strided:  # rows and heads strided: a view into a wider buffer
-        wide = torch.zeros(q.shape[0], q.shape[1], q.shape[2] + 32, dtype=q.dtype)
+        wide = torch.zeros(q.shape[0], q.shape[1], q.shape[2] + 32, dtype=q.dtype, device=q.device)
         wide[:, :, : q.shape[2]] = q
         q = wide[:, :, : q.shape[2]]
     v = case.v_trans_blocked() if trans_v else case.v_plain()
-    return tuple(x.to(DEV) for x in (q, case.k_blocked(), v, case.block_tables, case.context_lengths,
-                                      case.k_scale, case.v_scale))
+    return (q, case.k_blocked(), v, case.block_tables, case.context_lengths, case.k_scale, case.v_scale)
 
 
 MATRIX = [  # block, head_dim, group, query_length, scales, query dtype, trans V, window, strided, partitions
@@ -472,14 +488,14 @@ MATRIX = [  # block, head_dim, group, query_length, scales, query dtype, trans V
     (64, 64, 1, 1, "per-tensor", torch.float16, True, 0, False, 1),
 ]
 rows = []
-for arch in ("gfx942", "gfx950"):
-    for bs, hd, g, ql, sc, qdt, tv, w, strided, P in tqdm(MATRIX, desc=f"emulate {arch}"):
+for arch in backend.runnable_archs():
+    for bs, hd, g, ql, sc, qdt, tv, w, strided, P in tqdm(MATRIX, desc=f"run {arch}"):
         case = make(arch, bs, hd, g, ql, sc, qdt)
         args = inputs(case, tv, strided)
         used = P or choose_num_partitions(len(cache.RAGGED_CONTEXTS), 1, args[3].shape[1] * bs, arch=arch,
                                           head_dim=hd, group=g, query_length=ql)
         out = pa_tile.paged_decode(*args, sliding_window=w, num_partitions=P, arch=arch).float().cpu()
-        ref = case.reference(sliding_window=w).float()
+        ref = case.reference(sliding_window=w).float().cpu()
         err = (out - ref).abs()
         rows.append(dict(arch=arch, block=bs, head_dim=hd, group=g, query_len=ql, scales=sc, q=str(qdt)[6:],
                          v="trans" if tv else "plain", window=w, strided=strided, P=f"{used}{'' if P else ' (auto)'}",
@@ -494,8 +510,9 @@ assert all(r["ok"] for r in rows)
 # to the query dtype, so the split results differ from the unsplit one by at most a few f16 ulps.
 
 # %%
-case = make("gfx950", 16, 128, 8, 2, "per-token")
-outs = {P: pa_tile.paged_decode(*inputs(case), num_partitions=P, arch="gfx950").float().cpu() for P in (1, 2, 5)}
+arch = backend.runnable_archs()[-1]  # gfx950 on the emulator, the device's own on a GPU
+case = make(arch, 16, 128, 8, 2, "per-token")
+outs = {P: pa_tile.paged_decode(*inputs(case), num_partitions=P, arch=arch).float().cpu() for P in (1, 2, 5)}
 for P in (2, 5):
     print(f"P={P}: max |out - out(P=1)| = {float((outs[P] - outs[1]).abs().max()):.2e}")
     assert torch.allclose(outs[P], outs[1], atol=2e-2, rtol=2**-8)
@@ -511,7 +528,7 @@ for P in (2, 5):
 
 # %%
 def stats_for(arch, bs, hd, g, ql, scales="per-tensor", P=1, which=0):
-    case = make(arch, bs, hd, g, ql, scales, torch.bfloat16, contexts=[20])
+    case = make(arch, bs, hd, g, ql, scales, torch.bfloat16, contexts=[20], device="cpu")  # compile only
     pipe, a, arch = launch_args(*inputs(case), num_partitions=P, arch=arch)
     text = toolchain.compile_isa(pipe, *a, arch=arch)
     return isa.IsaStats.from_asm(text, kernel=which)
@@ -598,19 +615,22 @@ print(isa.diff(stats_for("gfx942", 16, 128, 8, 1, P=1), stats_for("gfx942", 16, 
 # per-tensor scales, `P = 2`: each partition walks one tile and writes its partials, then the reduce
 # reads them. The two launches of `launch_args`' pipeline are traced separately by the emulator (gfx942).
 
-# %%
+# %% tags=["nbval-ignore-output"]
 from pa_tile.emu import launch as emu_launch  # noqa: E402
 from pa_tile.emu.memory import Trace  # noqa: E402
 
-case = make("gfx942", 16, 128, 8, 1, contexts=[512])
+case = make("gfx942", 16, 128, 8, 1, contexts=[512], device="cpu")
 pipe, _, arch = launch_args(*inputs(case), num_partitions=2, arch="gfx942")
 cols = ["mnemonic", "space", "executions", "bytes", "segments", "min_segments", "max_degree", "conflict_cycles"]
-for (launcher, largs), name in zip(pipe.steps, ("partial kernel (2 workgroups, one tile each)", "reduce")):
+steps = pipe.steps if backend.current_backend() == "emu" else ()
+for (launcher, largs), name in zip(steps, ("partial kernel (2 workgroups, one tile each)", "reduce")):
     trace = Trace("gfx942")
     with emu_launch.launch_options(trace=trace), toolchain.target_arch(arch):
         launcher(*largs)
     print(f"--- {name}")
     print(format_table([r for r in trace.summary() if r["space"] != "scalar"], ["line"] + cols))
+if not steps:
+    print("ran on the GPU: memory traces are recorded only by the emulator (PA_TILE_BACKEND=emu)")
 
 # %% [markdown]
 # The partial kernel reads each K and V byte of its tile once in `buffer_load_dwordx4`s (64-byte

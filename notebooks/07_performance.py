@@ -38,9 +38,8 @@ import sys
 from pathlib import Path
 
 import matplotlib.pyplot as plt
-import numpy as np
 
-from pa_tile import backend, stages
+from pa_tile import backend, figures, stages
 from pa_tile.perf import adapters, bench, roofline, stage_metrics
 from pa_tile.perf._table import format_rows
 
@@ -92,8 +91,7 @@ print(roofline.format_table(rows))
 
 # %%
 all_rows = roofline.table()
-fig, ax = plt.subplots(figsize=(7.5, 4.2))
-roofline.plot(roofline.upstream_shapes(batches=(1, 16, 256)), ax=ax)
+figures.roofline(roofline.upstream_shapes(batches=(1, 16, 256)))
 plt.show()
 print(f"{len(all_rows)} upstream shapes: floor from {min(r['MI355X_us'] for r in all_rows):.3g} µs (MI355X) "
       f"to {max(r['MI300X_us'] for r in all_rows):.0f} µs (MI300X); "
@@ -134,52 +132,7 @@ def pick(rows, **kw):
 
 CONFIGS = [(a, b) for a in stage_metrics.ARCHS for b in stage_metrics.BLOCK_SIZES]
 names = [s for s in usable if pick(static, stage=s)]
-x = np.arange(len(names))
-width = 0.8 / len(CONFIGS)
-fam_order = ["buffer", "global", "ds", "mfma", "valu", "salu", "waitcnt", "barrier", "branch", "smem", "other"]
-colors = dict(zip(fam_order, plt.cm.tab20(np.linspace(0, 1, len(fam_order)))))
-
-fig, axs = plt.subplots(2, 3, figsize=(14, 7.5))
-for ci, (arch, bs) in enumerate(CONFIGS):
-    sel = [pick(static, stage=n, arch=arch, block_size=bs)[0] for n in names]
-    off = x - 0.4 + width * (ci + 0.5)
-    lab = f"{arch} bs{bs}"
-    axs[0, 0].bar(off, [s["vgpr_unified"] - s["agpr"] for s in sel], width, label=lab)
-    axs[0, 0].bar(off, [s["agpr"] for s in sel], width, bottom=[s["vgpr_unified"] - s["agpr"] for s in sel],
-                  color="k", alpha=0.3)
-    axs[0, 1].bar(off, [s["waves_per_simd"] for s in sel], width, label=lab)
-    axs[0, 2].bar(off, [s["lds_bytes"] / 1024 for s in sel], width, label=lab)
-    axs[1, 1].bar(off, [s["loop_instructions"] for s in sel], width, label=lab)
-axs[0, 0].set_title("VGPR (+ AGPR, grey) per lane")
-axs[0, 1].set_title("waves per SIMD (occupancy)")
-axs[0, 2].set_title("LDS per workgroup (KiB)")
-axs[1, 1].set_title("main-loop instructions (static)")
-bottom = np.zeros(len(names))
-ref = [pick(static, stage=n, arch="gfx942", block_size=16)[0] for n in names]
-for f in fam_order:
-    vals = np.array([s["loop_families"].get(f, 0) for s in ref], float)
-    if vals.any():
-        axs[1, 0].bar(x, vals, 0.6, bottom=bottom, label=f, color=colors[f])
-        bottom += vals
-axs[1, 0].set_title("main loop by family (gfx942, bs16)")
-widths_seen = sorted({f"{sp}:{w}" for s in ref for sp, d in s["load_widths"].items() for w in d},
-                     key=lambda k: (k.split(":")[0] == "ds", k))
-bottom = np.zeros(len(names))
-wcolors = plt.cm.Set2(np.linspace(0, 1, max(1, len(widths_seen))))
-for wi, key in enumerate(widths_seen):
-    sp, w = key.split(":")
-    vals = np.array([s["load_widths"].get(sp, {}).get(w, 0) for s in ref], float)
-    axs[1, 2].bar(x, vals, 0.6, bottom=bottom, label=f"{sp} {w}", color=wcolors[wi])
-    bottom += vals
-axs[1, 2].set_title("loads in the kernel by width (gfx942, bs16)")
-for a in axs.flat:
-    a.set_xticks(x, names)
-    a.grid(axis="y", alpha=0.3)
-axs[0, 1].legend(fontsize=7)
-axs[1, 0].legend(fontsize=7, ncol=2)
-axs[1, 2].legend(fontsize=7)
-fig.suptitle("Static facts of the compiled stages (group 8, head_dim 128)")
-fig.tight_layout()
+figures.static_facts(static, names, CONFIGS, ref=("gfx942", 16))
 plt.show()
 
 # %% [markdown]
@@ -226,43 +179,7 @@ assert all(t["k"]["bytes_per_tile"] + t["v"]["bytes_per_tile"] == 2 * 256 * 128 
 
 # %%
 tnames = [s for s in usable if pick(trace, stage=s)]
-tx = np.arange(len(tnames))
-fig, axs = plt.subplots(2, 2, figsize=(12, 7))
-archs = stage_metrics.ARCHS
-for ai, arch in enumerate(archs):
-    sel = [pick(trace, stage=n, arch=arch)[0] for n in tnames]
-    off = tx - 0.3 + 0.3 * ai
-    for ti, (tensor, hatch) in enumerate((("k", ""), ("v", "//"))):
-        o = off + 0.15 * ti
-        lab = f"{tensor.upper()} {arch}"
-        axs[0, 0].bar(o, [t[tensor]["bytes_per_load"] for t in sel], 0.15, hatch=hatch, label=lab,
-                      color=f"C{ai}", edgecolor="k", alpha=0.85)
-        axs[0, 1].bar(o, [t[tensor]["coalescing"] for t in sel], 0.15, hatch=hatch, label=lab,
-                      color=f"C{ai}", edgecolor="k", alpha=0.85)
-    axs[1, 0].bar(off, [t["lds_max_degree"] for t in sel], 0.3, label=f"worst degree {arch}", color=f"C{ai}")
-    axs[1, 0].plot(off, [t["lds_conflict_cycles_per_tile"] / 100 for t in sel], "kv" if ai else "k^",
-                   label=f"conflict cycles/tile ÷100 {arch}")
-axs[0, 0].set_title("bytes per K/V load instruction (one wave)")
-axs[0, 1].set_title("coalescing: bytes used / 64 B segments touched")
-axs[0, 1].set_ylim(0, 1.1)
-axs[1, 0].set_title("LDS bank conflicts (1 = conflict free)")
-bottom = np.zeros(len(tnames))
-sel = [pick(trace, stage=n, arch="gfx942")[0] for n in tnames]
-for f in fam_order:
-    vals = np.array([t["families_per_tile"].get(f, 0) for t in sel], float)
-    if vals.any():
-        axs[1, 1].bar(tx, vals, 0.6, bottom=bottom, label=f, color=colors[f])
-        bottom += vals
-axs[1, 1].set_title("wave-instructions executed per 256-token tile (gfx942)")
-for a in axs.flat:
-    a.set_xticks(tx, tnames)
-    a.grid(axis="y", alpha=0.3)
-axs[0, 0].legend(fontsize=7, loc="lower right")
-axs[0, 1].legend(fontsize=7, loc="lower right")
-axs[1, 0].legend(fontsize=7)
-axs[1, 1].legend(fontsize=7, ncol=2)
-fig.suptitle("Memory behaviour and executed work, from the emulator trace")
-fig.tight_layout()
+figures.trace_facts(trace, tnames, stage_metrics.ARCHS, ref="gfx942")
 plt.show()
 
 # %% [markdown]

@@ -361,6 +361,21 @@ def cmd_roofline(args) -> int:
     return EXIT_OK
 
 
+def cmd_overhead(args) -> int:
+    from . import backend
+    from .perf import overhead
+
+    backend.set_backend("emu")  # the emulator stands in for the device; on a GPU, `bench` times real calls
+    backend.ensure_backend()
+    result = overhead.measure(calls=args.calls, repeats=args.repeats, arch=args.arch)
+    if args.json:
+        print(json.dumps({"us": result.us, "ratios": result.ratios, "stub": result.stub,
+                          "targets": overhead.TARGETS, "met": result.meets_targets()}, indent=1))
+    else:
+        print(result.report())
+    return EXIT_OK if result.meets_targets() else EXIT_FAIL
+
+
 # ---------------------------------------------------------------------------------------------
 # parser
 
@@ -493,6 +508,17 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true", help="print JSON rows instead of a table")
     s.add_argument("--plot", metavar="PNG", help="also save a log-log plot of the floors")
     s.set_defaults(func=cmd_roofline)
+
+    s = add_parser("overhead", help="host time per call of paged_decode, Plan.run and the op, device work "
+                                    "skipped, against a tiny torch SDPA call",
+                   description="Steady-state host time per call with the kernel's execution replaced by a "
+                               "no-op at the launch boundary (the emulator stands in for the device); exits 1 "
+                               "when Plan.run exceeds 5x or paged_decode 10x the SDPA call.")
+    s.add_argument("--arch", choices=["gfx942", "gfx950"], default="gfx942", help="target arch")
+    s.add_argument("--calls", type=_pos_int, default=300, help="calls per timing sample")
+    s.add_argument("--repeats", type=_pos_int, default=5, help="samples (the median is reported)")
+    s.add_argument("--json", action="store_true", help="print JSON instead of a report")
+    s.set_defaults(func=cmd_overhead)
     return p
 
 

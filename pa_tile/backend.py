@@ -167,8 +167,18 @@ def device_arch(device) -> Optional[str]:
         return None
     if _simulated is not None:
         return _simulated.arch
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    return torch.cuda.get_device_properties(index).gcnArchName.split(":", 1)[0]
+    return torch.cuda.get_device_properties(_index(device)).gcnArchName.split(":", 1)[0]
+
+
+def _index(device) -> int:
+    import torch
+
+    if device.index is not None:
+        return device.index
+    try:
+        return torch.cuda.current_device()
+    except (AssertionError, RuntimeError):  # no initialized CUDA/HIP context
+        return 0
 
 
 def cu_count(device, arch: str) -> int:
@@ -184,8 +194,7 @@ def cu_count(device, arch: str) -> int:
         return _arch.info(arch).cu_count
     if _simulated is not None:
         return _simulated.cu_count
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    return int(torch.cuda.get_device_properties(index).multi_processor_count)
+    return int(torch.cuda.get_device_properties(_index(device)).multi_processor_count)
 
 
 class SimulatedGPU:

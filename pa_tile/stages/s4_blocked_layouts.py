@@ -331,9 +331,10 @@ def launch_args(query, key_cache, value_cache, block_tables, context_lengths, ke
     ks, vs = problem.scale_tensors(p, key_scale, value_scale)
     # per token, P is weighted by v_scale / max(v_scale) <= 1 so that it stays in fp8 range
     v_norm = vs.amax().reshape(1) if p.per_token else vs
+    out = problem.output(p, query, out)
     launcher = build_launcher(p.block_size, p.head_dim, p.group, p.arch, p.q_dtype, p.per_token, p.v_layout)
     args = (
-        problem.output(p, query, out), query, key_cache.view(torch.uint8), value_cache.view(torch.uint8),
+        out, query, key_cache.view(torch.uint8), value_cache.view(torch.uint8),
         block_tables, context_lengths, ks, vs, v_norm,
         p.num_seqs, p.num_kv_heads, p.max_blocks, query.stride(0), query.stride(1), p.scale_log2,
     )

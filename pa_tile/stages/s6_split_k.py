@@ -13,6 +13,7 @@ partition's row max, row sum and normalized output. ``build_reduce`` merges them
 ``pa_tile.api``; this module's ``paged_decode``/``launch_args`` are the stage contract over it.
 """
 
+import dataclasses
 import functools
 
 import torch
@@ -26,10 +27,12 @@ from pa_tile.kernel_lib import LOG2E, TILE, buffer_load, buffer_store, exp2, fma
 from pa_tile.stages import s5_phase_split_mtp as s5
 
 __all__ = ["paged_decode", "launch_args", "build_reduce", "combine_torch", "choose_num_partitions",
-           "workspace_size", "carve", "make_workspace", "MAX_PARTITIONS"]
+           "workspace_size", "carve", "make_workspace", "LIMITS", "MAX_PARTITIONS"]
 
+#: the finished kernel supports what chapter 5's does; the split is what this chapter adds
+LIMITS = dataclasses.replace(s5.LIMITS, stage="s6")
 #: the largest split chapter 5's kernel accepts
-MAX_PARTITIONS = s5.LIMITS.max_partitions
+MAX_PARTITIONS = LIMITS.max_partitions
 #: workgroups the heuristic aims for, per CU (see ``choose_num_partitions``)
 WORKGROUPS_PER_CU = 4
 #: a partition gets at least this many 256-token tiles (see ``choose_num_partitions``)

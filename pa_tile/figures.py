@@ -1,0 +1,492 @@
+"""The walkthrough's figures: one function per picture, so a chapter's cell is one call.
+
+Every function draws with matplotlib only, returns the ``Figure`` (the chapter shows it with
+``plt.show()``) and is deterministic: no randomness, no timestamps. Sizes suit GitHub's
+~900-pixel column (9 inches wide at 100 dpi, fonts of 8 points or more); colours come from the
+Okabe-Ito palette (distinguishable with the common colour-vision deficiencies) or ``cividis``.
+
+Nothing here imports a kernel chapter (``pa_tile.stages``): the chapters pass in what they
+computed, and the lane/address arithmetic drawn here is the one the chapters' text states.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Mapping, Optional, Sequence
+
+import numpy as np
+
+__all__ = ["OKABE_ITO", "cache_layouts", "wave_split", "mfma_ownership", "softmax_butterfly",
+           "load_segments", "lds_banks", "phase_timeline", "split_k", "roofline", "static_facts",
+           "trace_facts"]
+
+#: Okabe & Ito's colour-blind-safe palette (black last: it is kept for text and markers)
+OKABE_ITO = ("#E69F00", "#56B4E9", "#009E73", "#F0E442", "#0072B2", "#D55E00", "#CC79A7", "#000000")
+WIDTH = 9.0  # inches: GitHub's column at 100 dpi
+FONT = 8
+
+
+def _plt():
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _style(ax, title=None, xlabel=None, ylabel=None):
+    if title:
+        ax.set_title(title, fontsize=FONT + 1)
+    if xlabel:
+        ax.set_xlabel(xlabel, fontsize=FONT)
+    if ylabel:
+        ax.set_ylabel(ylabel, fontsize=FONT)
+    ax.tick_params(labelsize=FONT)
+
+
+def _patches(labels, colors, alpha=1.0):
+    from matplotlib.patches import Patch
+
+    return [Patch(facecolor=c, edgecolor="0.3", alpha=alpha, label=lab) for lab, c in zip(labels, colors)]
+
+
+def _cmap(colors):
+    from matplotlib.colors import ListedColormap
+
+    return ListedColormap(list(colors))
+
+
+# ---------------------------------------------------------------------------------------------
+# chapter 00
+
+def cache_layouts(chunks: Mapping[str, np.ndarray]):
+    """Where each (token, channel) byte of one page sits in memory, for each cache layout.
+
+    ``chunks[name]`` is ``[tokens, channels]`` of 16-byte chunk indices in memory order. The
+    number is the chunk, the colour its 64-byte segment (chunk // 4, mod 8): a load whose lanes
+    read one colour band is one memory transaction per segment."""
+    plt = _plt()
+    seg_colors = OKABE_ITO[:7] + ("#999999",)
+    fig, axes = plt.subplots(2, 2, figsize=(WIDTH, 7.6), sharey=True)
+    for ax, (name, ch) in zip(axes.flat, chunks.items()):
+        ax.imshow((ch // 4) % 8, cmap=_cmap(seg_colors), vmin=-0.5, vmax=7.5, alpha=0.45, aspect="auto",
+                  interpolation="nearest")
+        for c in range(int(ch.max()) + 1):
+            where = np.argwhere(ch == c)
+            t, d = where.mean(axis=0)
+            tall = np.ptp(where[:, 0]) > np.ptp(where[:, 1])  # a chunk down a column: write along it
+            ax.text(d, t, str(c), ha="center", va="center", fontsize=FONT, rotation=90 if tall else 0)
+        _style(ax, name, "channel d", "token t in page")
+    fig.legend(handles=_patches([f"segment {i} (mod 8)" for i in range(8)], seg_colors, alpha=0.45),
+               loc="lower center", ncol=4, fontsize=FONT, title="colour: 64-byte segment holding the 16-byte chunk "
+               "(number: chunk in memory order)", title_fontsize=FONT)
+    fig.tight_layout(rect=(0, 0.09, 1, 1))
+    return fig
+
+
+# ---------------------------------------------------------------------------------------------
+# chapter 01
+
+def wave_split(tile_tokens: int = 256, head_dim: int = 128, waves: int = 4, rows_per_mfma: int = 16):
+    """Chapter 1's work split of one tile over a workgroup's waves: wave ``(t % 64) // 16`` owns
+    the scores of token ``t`` (Q·Kᵀ), wave ``(d % 64) // 16`` output channel ``d`` (P·V)."""
+    plt = _plt()
+    span = waves * rows_per_mfma
+    colors = OKABE_ITO[:waves]
+    fig, axes = plt.subplots(2, 1, figsize=(WIDTH, 3.2))
+    for ax, n, title, xl in ((axes[0], tile_tokens, "Q·Kᵀ: wave owning the scores of each token of a tile",
+                              "token in the tile"),
+                             (axes[1], head_dim, "P·V: wave owning each output channel", "output channel d")):
+        owner = (np.arange(n) % span) // rows_per_mfma
+        ax.imshow(owner[None, :], aspect="auto", cmap=_cmap(colors), vmin=-0.5, vmax=waves - 0.5,
+                  extent=(-0.5, n - 0.5, 0, 1), interpolation="nearest")
+        ax.set_xticks(np.arange(0, n + 1, rows_per_mfma * 2 if n > 128 else rows_per_mfma))
+        ax.set_yticks([])
+        _style(ax, title, xl)
+    fig.legend(handles=_patches([f"wave {w}" for w in range(waves)], colors), loc="center right", fontsize=FONT)
+    fig.tight_layout(rect=(0, 0, 0.88, 1))
+    return fig
+
+
+# ---------------------------------------------------------------------------------------------
+# chapter 02
+
+def mfma_ownership(chunk: int = 0, d_chunk: int = 0):
+    """Which lane holds which score and which output in chapter 2's fragments of
+    ``v_mfma_f32_16x16x32_fp8_fp8``: lane ``l`` holds column ``c = l % 16`` (query head ``c``)
+    and rows ``4g .. 4g+3`` with ``g = l // 16``. For the scores of token chunk ``a`` row ``r`` is
+    wave-token ``16·(r // 4) + 4a + r % 4``; for the output of d-chunk ``j`` it is channel
+    ``16j + r``. The number in a cell is the lane, the colour its group ``g``."""
+    plt = _plt()
+    r = np.arange(16)
+    c = np.arange(16)
+    lane = c[None, :] + 16 * (r[:, None] // 4)
+    colors = OKABE_ITO[:4]
+    fig, axes = plt.subplots(1, 2, figsize=(WIDTH, 4.6))
+    panels = ((axes[0], [16 * (i // 4) + 4 * chunk + i % 4 for i in r], f"scores S, token chunk a={chunk}",
+               "wave-token (MFMA row)"),
+              (axes[1], [16 * d_chunk + i for i in r], f"output O, d-chunk j={d_chunk}", "channel d (MFMA row)"))
+    for ax, row_names, title, yl in panels:
+        ax.imshow(lane // 16, cmap=_cmap(colors), vmin=-0.5, vmax=3.5, alpha=0.55, interpolation="nearest")
+        for (i, j), ln in np.ndenumerate(lane):
+            ax.text(j, i, str(ln), ha="center", va="center", fontsize=FONT - 0.5)
+        ax.set_xticks(c)
+        ax.set_yticks(r, [str(v) for v in row_names])
+        _style(ax, title, "query head c (MFMA column)", yl)
+    fig.legend(handles=_patches([f"g={g}: lanes {16 * g}..{16 * g + 15}" for g in range(4)], colors, 0.55),
+               loc="lower center", ncol=4, fontsize=FONT)
+    fig.tight_layout(rect=(0, 0.07, 1, 0.97))
+    return fig
+
+
+def softmax_butterfly(head: int = 0):
+    """The row max of one query head across the 4 lanes that hold its scores (lanes
+    ``head + 16g``, 16 consecutive wave-tokens each): an in-lane max over 16 scores, then two
+    exchanges, lane ``l`` with ``l ^ 16`` and with ``l ^ 32``; after them all four agree."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(WIDTH, 3.6))
+    steps = ("in-lane max of its 16 scores\n(15 v_max)", "after exchange with l ^ 16", "after exchange with l ^ 32")
+    span = (lambda g: (16 * g, 16 * g + 15), lambda g: (32 * (g // 2), 32 * (g // 2) + 31), lambda g: (0, 63))
+    for x, rng in enumerate(span):
+        for g in range(4):
+            lo, hi = rng(g)
+            ax.text(x, g, f"lane {head + 16 * g}: max of tokens {lo}-{hi}", ha="center", va="center", fontsize=FONT,
+                    bbox=dict(boxstyle="round", facecolor=OKABE_ITO[1], alpha=0.5 + 0.15 * x, edgecolor="0.3"))
+    for x, bit, color in ((1, 1, OKABE_ITO[5]), (2, 2, OKABE_ITO[2])):
+        for g in range(4):
+            ax.annotate("", xy=(x - 0.3, g ^ bit), xytext=(x - 0.7, g),
+                        arrowprops=dict(arrowstyle="->", color=color, lw=1.4))
+    ax.plot([], [], color=OKABE_ITO[5], label="step 1: lanes l and l ^ 16 swap values, keep the max")
+    ax.plot([], [], color=OKABE_ITO[2], label="step 2: lanes l and l ^ 32 swap values, keep the max")
+    ax.set_xticks(range(3), steps)
+    ax.set_yticks(range(4), [f"g={g}" for g in range(4)])
+    ax.set_xlim(-0.5, 2.5)
+    ax.set_ylim(3.5, -0.5)
+    ax.legend(fontsize=FONT, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2)
+    _style(ax, f"Row max of query head {head}: 4 lanes, 2 butterfly steps", None, "lane group g = lane // 16")
+    fig.tight_layout()
+    return fig
+
+
+# ---------------------------------------------------------------------------------------------
+# chapter 04
+
+SEGMENT = 64
+
+
+def load_segments(offsets: Mapping[str, np.ndarray], nbytes: int = 16):
+    """Which 64-byte segments one wave's load touches: ``offsets[layout]`` is each lane's first
+    byte (relative to the page slab), each lane reading ``nbytes``. A marker per lane, a shaded
+    column per segment touched; the title counts them against the minimum."""
+    plt = _plt()
+    n = len(offsets)
+    cols = 2 if n > 1 else 1
+    rows = -(-n // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(WIDTH, 2.4 * rows + 0.6), squeeze=False)
+    span = max(int((np.asarray(o).max() + nbytes - 1) // SEGMENT) + 1 for o in offsets.values())
+    for ax, (name, off) in zip(axes.flat, offsets.items()):
+        off = np.asarray(off, dtype=np.int64)
+        first, last = off // SEGMENT, (off + nbytes - 1) // SEGMENT
+        touched = np.unique(np.concatenate([first, last]))
+        used = np.zeros(span + 1, int)  # bytes of each segment some lane reads
+        for o in off:
+            for b in range(int(o), int(o) + nbytes):
+                used[b // SEGMENT] += 1
+        minimum = -(-off.size * nbytes // SEGMENT)
+        for full, color, what in ((True, OKABE_ITO[2], "segment touched, all 64 bytes used"),
+                                  (False, OKABE_ITO[0], "segment touched, only part used")):
+            sel = touched[(used[touched] >= SEGMENT) == full]
+            if sel.size:
+                ax.bar(sel, np.full(sel.size, off.size), width=0.9, color=color, alpha=0.45, label=what)
+        ax.scatter(off / SEGMENT, np.arange(off.size), s=6, color=OKABE_ITO[4], label=f"a lane's {nbytes} bytes")
+        ax.set_xlim(-1, span + 1)
+        ax.set_ylim(-1, off.size)
+        _style(ax, f"{name}: {touched.size} segments (minimum {minimum})", "64-byte segment of the slab", "lane")
+    for ax in axes.flat[n:]:
+        ax.set_visible(False)
+    handles = {}
+    for ax in axes.flat[:n]:
+        handles.update(zip(*reversed(ax.get_legend_handles_labels())))
+    fig.legend(list(handles.values()), list(handles.keys()), loc="lower center", ncol=3, fontsize=FONT)
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
+    return fig
+
+
+def lds_banks(strides: Sequence[int] = (4, 5), banks: int = 32, heads: int = 16, wave: int = 0):
+    """Banks of the merge's ``(max, sum)`` table writes: lane ``(c, g)`` of wave ``wave`` writes
+    word ``stride·c + wave``; the 32 lanes served together (heads 0..15, each twice: a broadcast)
+    hit bank ``word mod banks``. Two different words in one bank cost one extra cycle."""
+    plt = _plt()
+    fig, axes = plt.subplots(1, len(strides), figsize=(WIDTH, 3.6), sharey=True, squeeze=False)
+    degree_colors = {1: OKABE_ITO[2], 2: OKABE_ITO[5], 3: OKABE_ITO[6], 4: OKABE_ITO[7]}
+    for ax, stride in zip(axes[0], strides):
+        c = np.arange(heads)
+        bank = (stride * c + wave) % banks
+        words_per_bank = {b: np.unique((stride * c + wave)[bank == b]).size for b in np.unique(bank)}
+        deg = np.array([words_per_bank[b] for b in bank])
+        for d in sorted(set(deg)):
+            sel = deg == d
+            ax.scatter(bank[sel], c[sel], s=40, color=degree_colors.get(d, "0.5"), zorder=3,
+                       label="1 word in the bank: no conflict" if d == 1 else f"{d} words in the bank: {d}-way conflict")
+        ax.set_xlim(-0.5, banks - 0.5)
+        ax.set_xticks(range(0, banks, 4))
+        ax.set_yticks(range(heads))
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=FONT, loc="lower right")
+        _style(ax, f"head row of {stride} words: {len(words_per_bank)} banks, worst {max(deg)}-way",
+               "LDS bank (4-byte words mod 32)", "query head c (lanes c, c+16)")
+    fig.tight_layout()
+    return fig
+
+
+# ---------------------------------------------------------------------------------------------
+# chapter 05
+
+def phase_timeline(m_tiles: int = 2, tiles: int = 2):
+    """One wave's instruction stream for ``tiles`` trips of chapter 5's loop and the merge after
+    it, M-tile by M-tile (top) against the phase split (bottom): phase A = every M-tile's
+    scores and row max on K's registers, then V loaded into those registers, phase B = every
+    M-tile's exp / fp8 pack / P·V (without the split K and V are in registers together). Dashed lines are ``sched_barrier`` (a compiler fence: no
+    wait); solid lines are workgroup ``s_barrier`` s, which appear only in the merge."""
+    plt = _plt()
+    kinds = {"load": ("K loads, page ids", OKABE_ITO[7], 1.0), "score": ("scores + row max", OKABE_ITO[4], 1.6),
+             "vload": ("V loads (into K's registers)", "#999999", 1.0),
+             "pv": ("exp, fp8 pack, P·V", OKABE_ITO[0], 1.6), "merge": ("merge of the 4 waves", OKABE_ITO[6], 0.9)}
+    fig, ax = plt.subplots(figsize=(WIDTH, 3.4))
+
+    def draw(y, seq):
+        x = 0.0
+        for kind, label, fence in seq:
+            name, color, width = kinds[kind]
+            ax.barh(y, width, left=x, height=0.6, color=color, edgecolor="white")
+            if label:
+                ax.text(x + width / 2, y, label, ha="center", va="center", fontsize=FONT,
+                        color="white" if kind in ("load", "score") else "black")
+            x += width
+            if fence == "sched":
+                ax.plot([x, x], [y - 0.38, y + 0.38], "--", color="0.2", lw=1)
+            elif fence == "barrier":
+                ax.plot([x, x], [y - 0.45, y + 0.45], "-", color=OKABE_ITO[5], lw=2)
+        return x
+
+    merge = [("merge", "", "barrier")] + [("merge", f"m{m}", "barrier") for m in range(m_tiles)]
+    naive, split = [], []
+    for _ in range(tiles):
+        naive += [("load", "", None), ("vload", "", None)] + sum(([("score", f"m{m}", None), ("pv", f"m{m}", None)]
+                                             for m in range(m_tiles)), [])
+        split += ([("load", "", "sched")] + [("score", f"m{m}", None) for m in range(m_tiles)]
+                  + [("vload", "", "sched")] + [("pv", f"m{m}", None) for m in range(m_tiles)])
+    end = max(draw(1, naive + merge), draw(0, split + merge))
+    ax.set_yticks([0, 1], ["phase split\n(chapter 5)", "M-tile by M-tile"])
+    ax.set_xticks([])
+    ax.set_xlim(0, end + 0.2)
+    ax.set_ylim(-0.6, 1.6)
+    handles = _patches([v[0] for v in kinds.values()], [v[1] for v in kinds.values()])
+    handles += [plt.Line2D([], [], ls="--", color="0.2", label="sched_barrier (compiler fence)"),
+                plt.Line2D([], [], ls="-", color=OKABE_ITO[5], lw=2, label="s_barrier (whole workgroup)")]
+    ax.legend(handles=handles, fontsize=FONT, ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.12))
+    _style(ax, f"One wave, {tiles} tiles of the loop then the merge, {m_tiles} M-tiles per workgroup",
+           None, None)
+    ax.set_xlabel("issue order (schematic, not to scale) →", fontsize=FONT)
+    fig.tight_layout()
+    return fig
+
+
+# ---------------------------------------------------------------------------------------------
+# chapter 06
+
+def split_k(context_lengths: Sequence[int], num_partitions: int, tile_tokens: int = 256):
+    """Split-K as chapter 6 runs it: sequence ``s`` has ``n = ceil(L_s / 256)`` tiles; partition
+    ``z`` (grid z) takes tiles ``[z·tpp, min((z+1)·tpp, n))`` with ``tpp = ceil(n / P)``, so a
+    short sequence leaves partitions empty (they write ``ℓ = 0`` and drop out of the reduce).
+    The reduce combines each row's ``(m_z, ℓ_z, o_z)``."""
+    plt = _plt()
+    colors = OKABE_ITO[:7]
+    fig, ax = plt.subplots(figsize=(WIDTH, 0.7 * len(context_lengths) + 2.0))
+    used = set()
+    for s, L in enumerate(context_lengths):
+        n = -(-L // tile_tokens)
+        tpp = -(-n // num_partitions)
+        for t in range(n):
+            z = t // tpp
+            used.add(z)
+            full = min(tile_tokens, L - t * tile_tokens)
+            ax.barh(s, full, left=t * tile_tokens, height=0.6, color=colors[z % len(colors)], edgecolor="white")
+            if full < tile_tokens:  # the masked tail of the last tile
+                ax.barh(s, tile_tokens - full, left=t * tile_tokens + full, height=0.6, color="none",
+                        edgecolor="0.5", hatch="///", lw=0.5)
+        empty = [z for z in range(num_partitions) if z * tpp >= n]
+        ax.text(n * tile_tokens + 40, s, f"tpp={tpp}" + (f", partitions {empty} empty" if empty else ""),
+                va="center", fontsize=FONT)
+    handles = _patches([f"partition z={z}" for z in sorted(used)], [colors[z % len(colors)] for z in sorted(used)])
+    from matplotlib.patches import Patch
+
+    handles.append(Patch(facecolor="none", edgecolor="0.5", hatch="///", label="past the context (masked)"))
+    ax.legend(handles=handles, fontsize=FONT, loc="upper center", bbox_to_anchor=(0.5, -0.22),
+              ncol=min(len(handles), 5))
+    ax.set_yticks(range(len(context_lengths)), [f"seq {s} (L={L})" for s, L in enumerate(context_lengths)])
+    ax.invert_yaxis()
+    longest = max(-(-L // tile_tokens) for L in context_lengths) * tile_tokens
+    ax.set_xticks(range(0, longest + 1, tile_tokens))
+    ax.set_xlim(0, longest * 1.45)
+    ax.grid(axis="x", alpha=0.3)
+    ax.text(0.985, 0.5, "the reduce, per\nquery row, over z:\n\nM = max m_z\nw_z = ℓ_z·exp(m_z − M)\n"
+            "o = Σ w_z·o_z / Σ w_z\n\n(empty: ℓ_z = 0, w_z = 0)", transform=ax.transAxes, ha="right", va="center",
+            fontsize=FONT, multialignment="left", bbox=dict(boxstyle="round", facecolor="white", edgecolor="0.4"))
+    _style(ax, f"Split-K with num_partitions = {num_partitions}: which partition reads each tile",
+           "token (tile boundaries every 256)", None)
+    fig.tight_layout()
+    return fig
+
+
+# ---------------------------------------------------------------------------------------------
+# chapter 07
+
+def roofline(shapes, gpus: Sequence[str] = ("MI300X", "MI355X"), *, whole_pages: bool = False):
+    """Log-log time floor (bytes / HBM bandwidth) against context length: one colour per
+    (batch, head_dim), one line style and marker per GPU; the legend sits beside the axes."""
+    from pa_tile.perf import roofline as rl
+
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(WIDTH, 4.0))
+    series: Dict[tuple, list] = {}
+    for s in shapes:
+        series.setdefault((s.batch, s.head_dim, s.query_length), []).append(s)
+    styles = (("-", "o"), ("--", "s"), (":", "^"), ("-.", "D"))
+    for ki, (key, ss) in enumerate(sorted(series.items())):
+        b, d, ql = key
+        ss = sorted(ss, key=lambda s: s.max_context)
+        for gi, g in enumerate(gpus):
+            spec = rl.gpu_spec(g)
+            ls, mk = styles[gi % len(styles)]
+            ax.loglog([s.max_context for s in ss], [rl.time_floor(s, spec, whole_pages=whole_pages).time_us for s in ss],
+                      ls=ls, marker=mk, ms=3.5, color=OKABE_ITO[ki % len(OKABE_ITO)],
+                      label=f"{spec.name} batch {b}, d{d}" + ("" if ql == 1 else f", ql{ql}"))
+    heads = sorted({(s.num_q_heads, s.num_kv_heads) for s in shapes})
+    _style(ax, "Decode time floor = bytes moved / HBM bandwidth (heads q/kv: "
+           + ", ".join(f"{q}/{k}" for q, k in heads) + ")", "context length (tokens)", "time floor (µs)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=FONT, loc="upper left", bbox_to_anchor=(1.01, 1.0), title="colour: batch, head_dim;\n"
+              "line: GPU", title_fontsize=FONT)
+    fig.tight_layout()
+    return fig
+
+
+_FAMILIES = ("buffer", "global", "ds", "mfma", "valu", "salu", "waitcnt", "barrier", "branch", "smem", "other")
+
+
+def _family_colors():
+    import matplotlib
+
+    cm = matplotlib.colormaps["cividis"]
+    return {f: cm(i / (len(_FAMILIES) - 1)) for i, f in enumerate(_FAMILIES)}
+
+
+def _pick(rows, **kw):
+    return [r for r in rows if all(r[k] == v for k, v in kw.items())]
+
+
+def static_facts(static: Sequence[dict], names: Sequence[str], configs: Sequence[tuple],
+                 ref: tuple = ("gfx942", 16)):
+    """Chapter 7's static facts of the compiled stages (``stage_metrics.collect``'s ``static``
+    rows): registers, occupancy, LDS and main-loop length per (arch, block size), with one
+    shared legend; the loop's instruction families and the kernel's load widths for ``ref``.
+    AGPRs are drawn hatched on top of the VGPRs wherever a stage uses any."""
+    plt = _plt()
+    x = np.arange(len(names))
+    width = 0.8 / len(configs)
+    fig, axs = plt.subplots(2, 3, figsize=(WIDTH, 6.6))
+    any_agpr = False
+    for ci, (arch, bs) in enumerate(configs):
+        sel = [_pick(static, stage=n, arch=arch, block_size=bs)[0] for n in names]
+        off = x - 0.4 + width * (ci + 0.5)
+        color = OKABE_ITO[ci % len(OKABE_ITO)]
+        agpr = [s["agpr"] for s in sel]
+        any_agpr |= any(agpr)
+        axs[0, 0].bar(off, [s["vgpr_unified"] - a for s, a in zip(sel, agpr)], width, color=color,
+                      label=f"{arch} block {bs}")
+        axs[0, 0].bar(off, agpr, width, bottom=[s["vgpr_unified"] - a for s, a in zip(sel, agpr)], color=color,
+                      hatch="///", edgecolor="0.2", lw=0)
+        axs[0, 1].bar(off, [s["waves_per_simd"] for s in sel], width, color=color)
+        axs[0, 2].bar(off, [s["lds_bytes"] / 1024 for s in sel], width, color=color)
+        axs[1, 1].bar(off, [s["loop_instructions"] for s in sel], width, color=color)
+    _style(axs[0, 0], "VGPR + AGPR per lane" + (" (AGPR hatched)" if any_agpr else " (no AGPRs used)"),
+           None, "registers")
+    _style(axs[0, 1], "waves per SIMD", None, "waves")
+    _style(axs[0, 2], "LDS per workgroup", None, "KiB")
+    _style(axs[1, 1], "main-loop instructions", None, "instructions (static)")
+    refs = [_pick(static, stage=n, arch=ref[0], block_size=ref[1])[0] for n in names]
+    colors = _family_colors()
+    bottom = np.zeros(len(names))
+    for f in _FAMILIES:
+        vals = np.array([s["loop_families"].get(f, 0) for s in refs], float)
+        if vals.any():
+            axs[1, 0].bar(x, vals, 0.6, bottom=bottom, label=f, color=colors[f], edgecolor="white", lw=0.4)
+            bottom += vals
+    _style(axs[1, 0], f"main loop by family ({ref[0]}, block {ref[1]})", None, "instructions")
+    widths = sorted({(sp, w) for s in refs for sp, d in s["load_widths"].items() for w in d},
+                    key=lambda k: (k[0] == "ds", k))
+    bottom = np.zeros(len(names))
+    for wi, (sp, w) in enumerate(widths):
+        vals = np.array([s["load_widths"].get(sp, {}).get(w, 0) for s in refs], float)
+        axs[1, 2].bar(x, vals, 0.6, bottom=bottom, label=f"{sp} {w}", color=OKABE_ITO[wi % len(OKABE_ITO)])
+        bottom += vals
+    _style(axs[1, 2], f"loads by width ({ref[0]}, block {ref[1]})", None, "load instructions")
+    for a in axs.flat:
+        a.set_xticks(x, names)
+        a.set_xlabel("stage", fontsize=FONT)
+        a.grid(axis="y", alpha=0.3)
+    axs[1, 0].legend(fontsize=FONT - 1, ncol=2)
+    axs[1, 2].legend(fontsize=FONT - 1)
+    fig.legend(*axs[0, 0].get_legend_handles_labels(), loc="upper center", ncol=len(configs), fontsize=FONT,
+               bbox_to_anchor=(0.5, 0.955))
+    fig.suptitle("Static facts of the compiled stages (group 8, head_dim 128)", fontsize=FONT + 2)
+    fig.tight_layout(rect=(0, 0, 1, 0.92))
+    return fig
+
+
+def trace_facts(trace: Sequence[dict], names: Sequence[str], archs: Sequence[str], ref: str = "gfx942"):
+    """Chapter 7's emulator-trace facts (``stage_metrics.collect``'s ``trace`` rows): bytes per
+    K/V load, coalescing, LDS bank conflicts per arch, and the executed instruction mix of one
+    256-token tile on ``ref``. Colour = arch, hatching = V (plain = K)."""
+    plt = _plt()
+    tx = np.arange(len(names))
+    fig, axs = plt.subplots(2, 2, figsize=(WIDTH, 6.4))
+    bw = 0.8 / (2 * len(archs))
+    for ai, arch in enumerate(archs):
+        sel = [_pick(trace, stage=n, arch=arch)[0] for n in names]
+        color = OKABE_ITO[4 if ai == 0 else 0]
+        for ti, (tensor, hatch) in enumerate((("k", ""), ("v", "//"))):
+            o = tx - 0.4 + bw * (2 * ai + ti + 0.5)
+            lab = f"{tensor.upper()} {arch}"
+            axs[0, 0].bar(o, [t[tensor]["bytes_per_load"] for t in sel], bw, hatch=hatch, label=lab, color=color,
+                          edgecolor="k", lw=0.4)
+            axs[0, 1].bar(o, [t[tensor]["coalescing"] for t in sel], bw, hatch=hatch, label=lab, color=color,
+                          edgecolor="k", lw=0.4)
+        o = tx - 0.2 + 0.4 * ai
+        axs[1, 0].bar(o, [t["lds_max_degree"] for t in sel], 0.38, color=color, label=f"worst degree, {arch}")
+        axs[1, 0].plot(o, [t["lds_conflict_cycles_per_tile"] / 100 for t in sel], "kv" if ai else "k^",
+                       label=f"conflict cycles per tile ÷ 100, {arch}")
+    _style(axs[0, 0], "bytes per K/V load instruction (one wave)", "stage", "bytes")
+    _style(axs[0, 1], "coalescing: bytes used / segments' bytes", "stage", "fraction")
+    axs[0, 1].set_ylim(0, 1.25)
+    _style(axs[1, 0], "LDS bank conflicts (1 = conflict free)", "stage", "degree / cycles ÷ 100")
+    colors = _family_colors()
+    bottom = np.zeros(len(names))
+    for f in _FAMILIES:
+        vals = np.array([t["families_per_tile"].get(f, 0) for t in _pick_all(trace, names, ref)], float)
+        if vals.any():
+            axs[1, 1].bar(tx, vals, 0.6, bottom=bottom, label=f, color=colors[f], edgecolor="white", lw=0.4)
+            bottom += vals
+    _style(axs[1, 1], f"wave-instructions per 256-token tile ({ref})", "stage", "executed")
+    for a in axs.flat:
+        a.set_xticks(tx, names)
+        a.grid(axis="y", alpha=0.3)
+    axs[0, 0].legend(fontsize=FONT - 1, ncol=2)
+    axs[0, 1].legend(fontsize=FONT - 1, ncol=2, loc="upper center")
+    axs[1, 0].legend(fontsize=FONT - 1)
+    axs[1, 1].legend(fontsize=FONT - 1, ncol=2)
+    fig.suptitle("Memory behaviour and executed work, from the emulator trace", fontsize=FONT + 2)
+    fig.tight_layout()
+    return fig
+
+
+def _pick_all(rows, names, arch):
+    return [_pick(rows, stage=n, arch=arch)[0] for n in names]
