@@ -75,6 +75,11 @@ def _describe(query, key_cache, value_cache, block_tables, context_lengths, key_
                             sliding_window=sliding_window, arch=arch, check_values_now=check_values)
 
 
+def _codes(cache):
+    """The kernels read caches as bytes."""
+    return cache if cache.dtype == torch.uint8 else cache.view(torch.uint8)
+
+
 def _tracing(t) -> bool:
     """PyTorch is tracing (torch.compile) or the tensors are fakes: go through the op. Under a
     simulated GPU fake tensors take the real path, whose launch boundary checks them."""
@@ -115,9 +120,13 @@ class Plan:
         self.key_scale, self.value_scale = problem.scale_tensors(p, key_scale, value_scale)
         self._query_meta = query_meta
         rows = s5.plan(p.head_dim, p.group, p.query_length, m_tiles)[0]
-        self._partials = (s6.carve(workspace, p.num_seqs, p.num_kv_heads, rows, p.head_dim, num_partitions)
-                          if num_partitions > 1 else (workspace.narrow(0, 0, 1),) * 3)
+        self._partials = tuple(s6.carve(workspace, p.num_seqs, p.num_kv_heads, rows, p.head_dim, num_partitions)
+                               if num_partitions > 1 else (workspace.narrow(0, 0, 1),) * 3)
         self._out_shape = (p.num_seqs * p.query_length, p.num_q_heads, p.head_dim)
+        stride = query_meta[3]
+        self._scalars = (p.num_seqs, p.num_kv_heads, p.max_blocks, stride[0], stride[1], p.scale_log2)
+        self._reduce_scalars = (p.num_seqs, p.num_kv_heads, num_partitions)
+        self._compiled, self._compiled_on = None, None
 
     # -- the per-layer call --------------------------------------------------------------------
 
@@ -158,13 +167,19 @@ class Plan:
 
     def _launch(self, query, key_cache, value_cache, ks, vs, out):
         p, device = self.problem, query.device
-        args = s5.kernel_args(p, (out,) + tuple(self._partials), query, key_cache, value_cache, self.block_tables,
-                              self.context_lengths, ks, vs)
-        launching.launch(self._partial, args, arch=p.arch, device=device)
+        args = (out,) + self._partials + (query, _codes(key_cache), _codes(value_cache), self.block_tables,
+                                          self.context_lengths, ks, vs) + self._scalars
+        if self._compiled is None or self._compiled_on != device:
+            # first launch (or a simulated GPU's first real one): compile, then keep the handles
+            compiled = [launching.launch(self._partial, args, arch=p.arch, device=device)]
+            if self.num_partitions > 1:
+                compiled.append(launching.launch(self._reduce, (out,) + self._partials + self._reduce_scalars,
+                                                 arch=p.arch, device=device))
+            self._compiled, self._compiled_on = compiled, device
+            return
+        launching.call(self._compiled[0], args, p.arch, device)
         if self.num_partitions > 1:
-            launching.launch(self._reduce, (out,) + tuple(self._partials) + (p.num_seqs, p.num_kv_heads,
-                                                                              self.num_partitions),
-                             arch=p.arch, device=device)
+            launching.call(self._compiled[1], (out,) + self._partials + self._reduce_scalars, p.arch, device)
 
     def pipeline(self, query, key_cache, value_cache, out=None) -> Pipeline:
         """The launches of one ``run`` as a :class:`Pipeline` (``compile_isa``, graph capture)."""

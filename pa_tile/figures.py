@@ -21,6 +21,8 @@ __all__ = ["OKABE_ITO", "cache_layouts", "wave_split", "mfma_ownership", "softma
 
 #: Okabe & Ito's colour-blind-safe palette (black last: it is kept for text and markers)
 OKABE_ITO = ("#E69F00", "#56B4E9", "#009E73", "#F0E442", "#0072B2", "#D55E00", "#CC79A7", "#000000")
+#: the palette without its yellow, which is too faint for lines on white
+LINE_COLORS = tuple(c for c in OKABE_ITO if c != "#F0E442")
 WIDTH = 9.0  # inches: GitHub's column at 100 dpi
 FONT = 8
 
@@ -74,6 +76,8 @@ def cache_layouts(chunks: Mapping[str, np.ndarray]):
             tall = np.ptp(where[:, 0]) > np.ptp(where[:, 1])  # a chunk down a column: write along it
             ax.text(d, t, str(c), ha="center", va="center", fontsize=FONT, rotation=90 if tall else 0)
         _style(ax, name, "channel d", "token t in page")
+    for ax in axes.flat[len(chunks):]:
+        ax.set_visible(False)
     fig.legend(handles=_patches([f"segment {i} (mod 8)" for i in range(8)], seg_colors, alpha=0.45),
                loc="lower center", ncol=4, fontsize=FONT, title="colour: 64-byte segment holding the 16-byte chunk "
                "(number: chunk in memory order)", title_fontsize=FONT)
@@ -186,9 +190,7 @@ def load_segments(offsets: Mapping[str, np.ndarray], nbytes: int = 16):
         first, last = off // SEGMENT, (off + nbytes - 1) // SEGMENT
         touched = np.unique(np.concatenate([first, last]))
         used = np.zeros(span + 1, int)  # bytes of each segment some lane reads
-        for o in off:
-            for b in range(int(o), int(o) + nbytes):
-                used[b // SEGMENT] += 1
+        np.add.at(used, ((off[:, None] + np.arange(nbytes)[None, :]) // SEGMENT).ravel(), 1)
         minimum = -(-off.size * nbytes // SEGMENT)
         for full, color, what in ((True, OKABE_ITO[2], "segment touched, all 64 bytes used"),
                                   (False, OKABE_ITO[0], "segment touched, only part used")):
@@ -357,7 +359,7 @@ def roofline(shapes, gpus: Sequence[str] = ("MI300X", "MI355X"), *, whole_pages:
             spec = rl.gpu_spec(g)
             ls, mk = styles[gi % len(styles)]
             ax.loglog([s.max_context for s in ss], [rl.time_floor(s, spec, whole_pages=whole_pages).time_us for s in ss],
-                      ls=ls, marker=mk, ms=3.5, color=OKABE_ITO[ki % len(OKABE_ITO)],
+                      ls=ls, marker=mk, ms=3.5, color=LINE_COLORS[ki % len(LINE_COLORS)],
                       label=f"{spec.name} batch {b}, d{d}" + ("" if ql == 1 else f", ql{ql}"))
     heads = sorted({(s.num_q_heads, s.num_kv_heads) for s in shapes})
     _style(ax, "Decode time floor = bytes moved / HBM bandwidth (heads q/kv: "
@@ -424,9 +426,13 @@ def static_facts(static: Sequence[dict], names: Sequence[str], configs: Sequence
     widths = sorted({(sp, w) for s in refs for sp, d in s["load_widths"].items() for w in d},
                     key=lambda k: (k[0] == "ds", k))
     bottom = np.zeros(len(names))
+    import matplotlib
+
+    viridis = matplotlib.colormaps["viridis"]  # not the configs' colours: these are load widths
     for wi, (sp, w) in enumerate(widths):
         vals = np.array([s["load_widths"].get(sp, {}).get(w, 0) for s in refs], float)
-        axs[1, 2].bar(x, vals, 0.6, bottom=bottom, label=f"{sp} {w}", color=OKABE_ITO[wi % len(OKABE_ITO)])
+        axs[1, 2].bar(x, vals, 0.6, bottom=bottom, label=f"{sp} {w}", color=viridis(wi / max(1, len(widths) - 1)),
+                      edgecolor="white", lw=0.4)
         bottom += vals
     _style(axs[1, 2], f"loads by width ({ref[0]}, block {ref[1]})", None, "load instructions")
     for a in axs.flat:

@@ -21,14 +21,16 @@ so each call launches exactly once either way.
 
 from __future__ import annotations
 
+import os
 import threading
 from typing import Dict, Optional, Sequence, Tuple
 
 import torch
 
-__all__ = ["launch", "check_one_device", "compiled_count", "clear_cache"]
+__all__ = ["launch", "call", "check_one_device", "compiled_count", "clear_cache"]
 
 _compiled: Dict[tuple, object] = {}
+_environ = os.environ
 _lock = threading.Lock()
 
 
@@ -73,10 +75,11 @@ def _check_simulated(gpu, jit_fn, args, names, arch) -> None:
 
 
 def launch(jit_fn, args: Sequence, *, arch: str, names: Optional[Sequence[str]] = None,
-           device: Optional[torch.device] = None) -> None:
+           device: Optional[torch.device] = None):
     """Run the ``@flyc.jit`` launcher ``jit_fn`` on ``args`` (its parameters before ``stream``)
     for ``arch``, compiling it on first use. ``names`` name the arguments in errors; ``device``
-    skips the device scan when the caller has already checked it."""
+    skips the device scan when the caller has already checked it. Returns the compiled function,
+    which :func:`call` launches again on arguments of the same signature without any lookup."""
     from pa_tile import backend
 
     if device is None:
@@ -84,26 +87,48 @@ def launch(jit_fn, args: Sequence, *, arch: str, names: Optional[Sequence[str]] 
     gpu = backend.simulated_gpu()
     if gpu is not None:
         _check_simulated(gpu, jit_fn, args, names, arch)
-        return
+        return _Simulated(jit_fn, names)
     on_gpu = device.type == "cuda"
-    stream = torch.cuda.current_stream(device) if on_gpu else None
     key = (jit_fn, arch, _signature(args))
     compiled = _compiled.get(key)
     if compiled is None:
         with _lock:
             compiled = _compiled.get(key)
             if compiled is None:
+                stream = torch.cuda.current_stream(device) if on_gpu else None
                 compiled = _compile(jit_fn, args, stream, arch, on_gpu)
                 _compiled[key] = compiled
                 if on_gpu:
-                    return  # flyc.compile ran it: live device arguments launch on compile
-    if on_gpu:
-        compiled(*args, stream)
+                    return compiled  # flyc.compile ran it: live device arguments launch on compile
+    call(compiled, args, arch, device)
+    return compiled
+
+
+def call(compiled, args: Sequence, arch: str, device: torch.device) -> None:
+    """Launch a function :func:`launch` returned, on arguments of the signature it was compiled
+    for (the caller guarantees it: ``pa_tile.Plan.run`` checks its tensors against the plan)."""
+    if isinstance(compiled, _Simulated):
+        from pa_tile import backend
+
+        _check_simulated(backend.simulated_gpu(), compiled.jit_fn, args, compiled.names, arch)
+    elif device.type == "cuda":
+        compiled(*args, torch.cuda.current_stream(device))
+    elif _environ.get("ARCH") == arch and _environ.get("FLYDSL_GPU_ARCH") == arch:
+        compiled(*args, None)
     else:
         from pa_tile import toolchain
 
         with toolchain.target_arch(arch):  # the emulator reads the arch of the launch here
-            compiled(*args, stream)
+            compiled(*args, None)
+
+
+class _Simulated:
+    """What :func:`launch` returns on a simulated GPU: :func:`call` checks and records again."""
+
+    __slots__ = ("jit_fn", "names")
+
+    def __init__(self, jit_fn, names):
+        self.jit_fn, self.names = jit_fn, names
 
 
 def _compile(jit_fn, args, stream, arch, on_gpu):

@@ -91,6 +91,14 @@ def _no_device_work():
         launching._compiled.update(saved)
 
 
+@contextlib.contextmanager
+def _restore_threads(n):
+    try:
+        yield
+    finally:
+        torch.set_num_threads(n)
+
+
 def measure(calls: int = 300, repeats: int = 5, arch: str = "gfx942") -> Overhead:
     """Measure on CPU tensors (the emulator stands in for the device; see the module docstring)."""
     import pa_tile
@@ -108,7 +116,10 @@ def measure(calls: int = 300, repeats: int = 5, arch: str = "gfx942") -> Overhea
     q = torch.randn(1, 8, 4, 16)
     sdpa = torch.nn.functional.scaled_dot_product_attention
     plan.run(*args[:3], out=out)  # compile outside the timing
-    with _no_device_work() as stub:
+    threads = torch.get_num_threads()
+    # host cost is one thread's work; a tiny op fanned out over busy cores would time the contention
+    torch.set_num_threads(1)
+    with _no_device_work() as stub, _restore_threads(threads):
         us = {
             "sdpa": _time(lambda: sdpa(q, q, q), calls, repeats),
             "run": _time(lambda: plan.run(args[0], args[1], args[2], out=out), calls, repeats),
