@@ -274,6 +274,41 @@ class GlobalMemory:
             return first
         return idc
 
+    def check_derived(self, base: int, addrs, mask, nbytes: int, origin: str = "", what: str = "load") -> None:
+        """Fault unless every active lane's access stays in the region that *base* lies in.
+
+        Buffer accesses carry their provenance in the V#: the descriptor's base points into the
+        tensor it was built from. Checking against that one region (not against any region)
+        catches an index that runs from one view into a neighbouring one, e.g. from K's pages
+        into V's when both are views of one cache allocation. A base inside no region (a
+        descriptor built below its buffer) leaves the ordinary any-region check in charge.
+        """
+        i = int(np.searchsorted(self._bases, np.uint64(base), side="right")) - 1
+        if i < 0 or not int(self._bases[i]) <= base < int(self._ends[i]):
+            return
+        b, e, name, _ = self._spans[i]
+        lanes = np.flatnonzero(_as_mask(mask, len(addrs)))
+        if lanes.size == 0:
+            return
+        a = np.asarray(addrs, np.uint64)[lanes]
+        lo, hi = int(a.min()), int(a.max())
+        if lo >= b and hi + nbytes <= e:
+            return
+        bad = (a < np.uint64(b)) | (a + np.uint64(nbytes) > np.uint64(e))
+        lane, addr = int(lanes[bad][0]), int(a[bad][0])
+        inside = self.find(addr)
+        if inside is None:
+            return  # outside every region: the ordinary check reports it, nearest region and all
+        rel = f"{b - addr} B before it" if addr < b else f"{addr - e} B past its end" if addr >= e else \
+            f"and runs {addr + nbytes - e} B past its end"
+        other = f" (into region {inside[0]!r})"
+        raise MemoryFault(
+            f"{origin or '<unknown origin>'}: {what} of {nbytes} B by lane {lane} at {addr:#x} leaves the "
+            f"region its descriptor's base {base:#x} points into, {name!r} [{b:#x}, {e:#x}): the access starts "
+            f"{rel}{other} ({int(bad.sum())} of {lanes.size} active lanes)",
+            origin=origin, space="global", lane=lane, address=addr, nbytes=nbytes, nearest=(name, b, e),
+            bad_lanes=lanes[bad].tolist())
+
     # -- vector access ---------------------------------------------------------------------
 
     def load(self, addrs, mask, nbytes: int, origin: str = "") -> np.ndarray:
@@ -449,6 +484,8 @@ def buffer_load(mem: GlobalMemory, rsrc: BufferResource, mask, nbytes: int, *, v
     addrs, live = _live(rsrc, mask, nbytes, dict(
         vaddr_offset=vaddr_offset, vaddr_index=vaddr_index, soffset=soffset,
         inst_offset=inst_offset, offen=offen, idxen=idxen))
+    if hasattr(mem, "check_derived"):
+        mem.check_derived(rsrc.base, addrs, live.any(axis=1), nbytes, origin, "load")
     full = live.all(axis=1)
     if (full == mask).all():
         data = mem.load(addrs, mask, nbytes, origin)
@@ -470,6 +507,8 @@ def buffer_store(mem: GlobalMemory, rsrc: BufferResource, mask, data, *, vaddr_o
     addrs, live = _live(rsrc, mask, nbytes, dict(
         vaddr_offset=vaddr_offset, vaddr_index=vaddr_index, soffset=soffset,
         inst_offset=inst_offset, offen=offen, idxen=idxen))
+    if hasattr(mem, "check_derived"):
+        mem.check_derived(rsrc.base, addrs, live.any(axis=1), nbytes, origin, "store")
     full = live.all(axis=1)
     if (full == mask).all():
         mem.store(addrs, mask, data, origin)
