@@ -121,6 +121,14 @@ def add_from_kernarg(launch):
 
 @pytest.fixture(scope="module", autouse=True)
 def emulator(tmp_path_factory):
+    # L.install() cannot be undone in-process (FlyDSL's backend registry and runtime library are
+    # swapped for the rest of the process). So this module installs it only where the emulator is
+    # the backend anyway; where a ROCm GPU is, it skips, and later GPU tests keep the real runtime.
+    # (Run it on such a machine in its own process with PA_TILE_BACKEND=emu.)
+    from pa_tile import backend
+
+    if backend.current_backend() != "emu":
+        pytest.skip("emulator-tier test; this process runs on a GPU backend (set PA_TILE_BACKEND=emu to force it)")
     toolchain.ensure_toolchain()
     saved = {k: os.environ.get(k) for k in ("FLYDSL_RUNTIME_CACHE_DIR", "ARCH", "FLYDSL_GPU_ARCH", "COMPILE_ONLY")}
     os.environ["FLYDSL_RUNTIME_CACHE_DIR"] = str(tmp_path_factory.mktemp("flydsl_cache"))
