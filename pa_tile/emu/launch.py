@@ -18,20 +18,28 @@ in the running process, all before the first ``@flyc.jit`` call:
 3. The call entries ``JitFunction.__call__``, ``CompiledFunction.__call__`` and ``flyc.compile``
    are wrapped: during a call, every ``torch.Tensor`` argument (also inside tuples, lists and
    dicts, and inside FlyDSL's ``from_torch_tensor`` / ``from_dlpack`` wrappers) is recorded as
-   an allowed memory region ``(base, nbytes, name)`` for the emulator's sanitizer (non-CPU
-   tensors are refused), the target arch is pinned (below), and an exception
+   an allowed memory region ``(base, nbytes, name)`` for the emulator's sanitizer, by default
+   exactly the bytes its view spans (non-CPU tensors are refused), the target arch is pinned
+   (below), and an exception
    raised inside a launch is re-raised from the call with its own traceback, since it cannot
    cross the C frames of FlyDSL's launcher. After a failed launch, the call's later launches are
    skipped and the call raises: nothing reports success for a kernel that did not run.
+4. FlyDSL's compile-placeholder checks count CPU tensors as live device tensors, so
+   ``flyc.compile(launcher, *cpu_tensors)`` launches as it does with GPU tensors (a launcher
+   that compiles on its first call and reuses the ``CompiledFunction`` runs every call).
 
 On each launch the kernarg segment is built from the kernel's ``.amdgpu_metadata`` (parsed with
 PyYAML): explicit arguments are copied from ``params[i]`` at ``.offset`` / ``.size``; hidden
 arguments get the values HIP's runtime would write (:func:`hidden_arg_values`). The launch is then
 given to the launch handler: by default :func:`run_on_emulator`, which calls
 ``pa_tile.emu.machine.run_kernel``; :func:`set_launch_handler` replaces it (tests do the work in
-Python from the kernarg bytes). :func:`launch_options` passes a ``Trace``, a progress flag, the
-LDS race policy and the scheduling quantum to the emulator; :func:`record_launches` collects
-the :class:`Launch` records (kernarg, regions, asm).
+Python from the kernarg bytes). A code object's text, metadata and parsed program are cached by
+the digest of its bytes, and the hidden part of the kernarg per kernel and launch shape, so a
+repeated launch does no parsing. :func:`launch_options` passes a ``Trace``, a progress flag, the
+LDS race policy and the scheduling quantum to the emulator, chooses per-view or per-storage
+bounds, adds regions for raw-pointer kernels, and with ``execute=False`` turns launches into
+no-ops (for measuring host cost); :func:`record_launches` collects the :class:`Launch` records
+(kernarg, regions, asm).
 
 Target arch
 -----------
@@ -356,13 +364,27 @@ def build_kernarg(
         raise KernargError(
             f"{meta.name}: arguments end at byte {end} but .kernarg_segment_size is {meta.kernarg_segment_size}"
         )
-    seg = bytearray(meta.kernarg_segment_size)
+    seg = bytearray(_hidden_template(meta, tuple(grid), tuple(block), int(dynamic_lds)))
     for i, (a, value) in enumerate(zip(args, explicit)):
         if len(value) != a.size:
             raise KernargError(
                 f"{meta.name}: argument {i} ({a.value_kind}) has {len(value)} bytes, metadata says {a.size}"
             )
         seg[a.offset : a.offset + a.size] = value
+    return bytes(seg)
+
+
+_HIDDEN_TEMPLATES: Dict[tuple, Tuple[KernelMeta, bytes]] = {}
+
+
+def _hidden_template(meta: KernelMeta, grid: tuple, block: tuple, dynamic_lds: int) -> bytes:
+    """The kernarg segment with only the hidden arguments filled in, cached per kernel and launch
+    shape: a repeated launch then only copies its explicit arguments in."""
+    key = (id(meta), grid, block, dynamic_lds)
+    hit = _HIDDEN_TEMPLATES.get(key)
+    if hit is not None and hit[0] is meta:
+        return hit[1]
+    seg = bytearray(meta.kernarg_segment_size)
     known = hidden_arg_values(grid, block, dynamic_lds)
     for a in meta.hidden_args:
         if a.value_kind in known:
@@ -378,6 +400,9 @@ def build_kernarg(
             seg[a.offset : a.offset + a.size] = int(value).to_bytes(a.size, "little")
         except OverflowError:
             raise KernargError(f"{meta.name}: {a.value_kind} = {value} does not fit in {a.size} bytes") from None
+    if len(_HIDDEN_TEMPLATES) > 256:
+        _HIDDEN_TEMPLATES.clear()
+    _HIDDEN_TEMPLATES[key] = (meta, bytes(seg))
     return bytes(seg)
 
 
@@ -850,6 +875,13 @@ def _make_launch(handle, name_p, dims, dynamic_lds, params, extra, nparams) -> L
     )
 
 
+def _check_regions(regions: Sequence[Region]) -> None:
+    """The checks ``memory.GlobalMemory`` makes of each region, without mapping any memory."""
+    for base, nbytes, name in regions:
+        if int(nbytes) < 0 or int(base) <= 0:
+            raise ValueError(f"region {name!r}: bad base {int(base):#x} / size {nbytes}")
+
+
 def _on_launch(handle, name_p, dims, dynamic_lds, stream, params, extra, nparams) -> int:
     try:
         ctx = _local.call
@@ -864,9 +896,7 @@ def _on_launch(handle, name_p, dims, dynamic_lds, stream, params, extra, nparams
         for log in _local.recorders:
             log.append(launch)
         if not launch.execute:
-            from .memory import GlobalMemory
-
-            GlobalMemory(launch.regions)  # the regions' own checks (bases, sizes), as a real launch does
+            _check_regions(launch.regions)
             return 0
         _handler(launch)
         return 0
