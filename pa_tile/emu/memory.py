@@ -191,6 +191,7 @@ class GlobalMemory:
         self._bases = np.array([s[0] for s in keep], np.uint64)
         self._ends = np.array([s[1] for s in keep], np.uint64)
         self._last = -1
+        self.__dict__.pop("_base_spans", None)
 
     def alloc(self, nbytes: int, name: str, *, align: int = 256, fill: int = 0) -> tuple[int, np.ndarray]:
         """Emulator-owned buffer (kernarg segment, tests) registered as a region.
@@ -283,17 +284,29 @@ class GlobalMemory:
         into V's when both are views of one cache allocation. A base inside no region (a
         descriptor built below its buffer) leaves the ordinary any-region check in charge.
         """
-        i = int(np.searchsorted(self._bases, np.uint64(base), side="right")) - 1
-        if i < 0 or not int(self._bases[i]) <= base < int(self._ends[i]):
+        # A kernel builds few descriptors: remember the region of each base (None: in none).
+        cache = self.__dict__.setdefault("_base_spans", {})
+        span = cache.get(base, False)
+        if span is False:
+            i = int(np.searchsorted(self._bases, np.uint64(base), side="right")) - 1
+            ok = i >= 0 and int(self._bases[i]) <= base < int(self._ends[i])
+            span = cache[base] = self._spans[i][:3] if ok else None
+        if span is None:
             return
-        b, e, name, _ = self._spans[i]
-        lanes = np.flatnonzero(_as_mask(mask, len(addrs)))
-        if lanes.size == 0:
+        b, e, name = span
+        mask = np.asarray(mask, bool)
+        a = np.asarray(addrs, np.uint64)
+        if mask.all():
+            lanes = None
+        else:
+            lanes = np.flatnonzero(mask)
+            if lanes.size == 0:
+                return
+            a = a[lanes]
+        if int(a.min()) >= b and int(a.max()) + nbytes <= e:
             return
-        a = np.asarray(addrs, np.uint64)[lanes]
-        lo, hi = int(a.min()), int(a.max())
-        if lo >= b and hi + nbytes <= e:
-            return
+        if lanes is None:
+            lanes = np.arange(len(a))
         bad = (a < np.uint64(b)) | (a + np.uint64(nbytes) > np.uint64(e))
         lane, addr = int(lanes[bad][0]), int(a[bad][0])
         inside = self.find(addr)
