@@ -90,3 +90,10 @@ def test_permlane_swaps_with_one_register_as_both_operands():
     w, _ = run("v_permlane16_swap_b32_e32 v4, v4", _regs(v4=LANE), arch="gfx950")
     want = LANE.reshape(4, 16)[[1, 0, 3, 2]].reshape(-1)
     assert (w.v[4] == want).all()
+
+
+def test_fp8_unpack_into_a_pair_that_holds_its_source():
+    w, before = run("v_cvt_pk_f32_fp8_e32 v[4:5], v5", _regs(v5=0x3840C8B8 + LANE))
+    lo, hi = nx.cvt_pk_f32_fp8(before[5], False, nx.fp8_format_for_arch("gfx942"))
+    assert (w.v[4] == np.asarray(lo, np.float32).view(np.uint32)).all()
+    assert (w.v[5] == np.asarray(hi, np.float32).view(np.uint32)).all()
