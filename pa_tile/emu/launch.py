@@ -198,11 +198,12 @@ class KernelMeta:
     uses_dynamic_stack: bool
     raw: dict = field(default_factory=dict, compare=False, repr=False)
 
-    @property
+    # Cached: every launch reads them several times (the instance is frozen, args never change).
+    @functools.cached_property
     def explicit_args(self) -> Tuple[KernelArg, ...]:
         return tuple(a for a in self.args if not a.is_hidden)
 
-    @property
+    @functools.cached_property
     def hidden_args(self) -> Tuple[KernelArg, ...]:
         return tuple(a for a in self.args if a.is_hidden)
 
@@ -940,12 +941,35 @@ def _wrap_jit_call(original: Callable) -> Callable:
     return __call__
 
 
+# CompiledFunction has __slots__ and no weakref slot, so the launcher each one came from is kept
+# here (bounded) to name its regions after the launcher's parameters ("K", not "arg1").
+_COMPILED_ORIGIN: Dict[int, Tuple[Any, str, Tuple[str, ...]]] = {}
+
+
+def _remember_compiled(compiled: Any, target: Callable) -> None:
+    try:
+        params = tuple(inspect.signature(target).parameters)
+    except (TypeError, ValueError):
+        return
+    if len(_COMPILED_ORIGIN) >= 256:
+        _COMPILED_ORIGIN.pop(next(iter(_COMPILED_ORIGIN)))
+    _COMPILED_ORIGIN[id(compiled)] = (compiled, getattr(target, "__name__", "?"), params)
+
+
+def _compiled_names(compiled: Any, args: tuple) -> Tuple[str, Dict[str, Any]]:
+    hit = _COMPILED_ORIGIN.get(id(compiled))
+    if hit is None or hit[0] is not compiled:
+        return "compiled function", {f"arg{i}": a for i, a in enumerate(args)}
+    _, name, params = hit
+    named = {(params[i] if i < len(params) else f"arg{i}"): a for i, a in enumerate(args)}
+    return f"compiled {name}()", named
+
+
 def _wrap_compiled_call(original: Callable) -> Callable:
     @functools.wraps(original)
     def __call__(self, *args):
-        return _tracked_call(
-            lambda: original(self, *args), "compiled function", lambda: {f"arg{i}": a for i, a in enumerate(args)}
-        )
+        what, named = _compiled_names(self, args)
+        return _tracked_call(lambda: original(self, *args), what, lambda: named)
 
     __call__._pa_tile_emu_original = original
     return __call__
@@ -957,11 +981,14 @@ def _wrap_compile_call(original: Callable) -> Callable:
     def __call__(self, func, *args, **kwargs):
         target = getattr(func, "func", func)
         name = getattr(target, "__name__", "?")
-        return _tracked_call(
+        compiled = _tracked_call(
             lambda: original(self, func, *args, **kwargs),
             f"flyc.compile({name})",
             lambda: _named_arguments(target, args, kwargs),
         )
+        if compiled is not None and type(compiled).__name__ == "CompiledFunction":
+            _remember_compiled(compiled, target)
+        return compiled
 
     __call__._pa_tile_emu_original = original
     return __call__
