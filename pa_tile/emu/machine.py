@@ -289,7 +289,8 @@ def _run_workgroup(waves: List[Wave], code: List, mnemonics, races, quantum: Opt
 def run_wave(program: Program, wave: Wave, kernel_name: Optional[str] = None, arch: Optional[str] = None) -> Wave:
     """Run one prepared wave from its kernel's entry to ``s_endpgm`` (a lone wave passes every
     ``s_barrier``). The caller sets up registers, EXEC (``wave.exec = ...``) and, if the code
-    touches memory, ``wave.mem`` / ``wave.lds``. For unit tests and demonstrations."""
+    touches memory, ``wave.mem`` / ``wave.lds`` (and ``wave.scratch``, an
+    ``ops_scratch.PrivateSegment``, for scratch). For unit tests and demonstrations."""
     kernel = program.kernel(kernel_name)
     code = decode_kernel(program, kernel.name, arch or wave.arch)
     wave.pc = kernel.entry
