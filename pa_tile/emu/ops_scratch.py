@@ -95,7 +95,8 @@ def _offsets(ctx, vaddr, saddr):
 def _need_scratch(origin, w):
     if w.scratch is None:
         raise MemoryFault(
-            f"{origin}: scratch access, but the kernel declares no private segment (.amdhsa_private_segment_fixed_size 0)",
+            f"{origin}: scratch access, but the kernel declares no private segment "
+            "(.amdhsa_private_segment_fixed_size 0)",
             origin=origin, space="scratch", lane=None, address=0, nbytes=0)
     return w.scratch
 
