@@ -255,3 +255,26 @@ def test_a_pa_tile_kernel_gives_the_same_answer_under_both_schedules():
     assert torch.equal(runs[0], runs[1])
     ref = case.reference().float()
     assert ((runs[0].float() - ref).abs() <= 0.1 + 2.0**-4 * ref.abs()).all()
+
+
+def test_stage5_with_k_and_v_carved_from_one_multi_layer_cache_runs_under_per_view_bounds():
+    # The legitimate side of per-view bounds: pa_tile's own kernel, given K and V as views into
+    # one allocation holding three layers, stays inside its views (and matches the reference).
+    from pa_tile.stages import s5_phase_split_mtp as s5
+
+    case = cache.make_case(num_seqs=1, num_q_heads=8, num_kv_heads=1, head_dim=64, block_size=16,
+                           context_lengths=[40], query_length=2, fp8_format="fnuz", scales="per-tensor",
+                           query_dtype=torch.float16, seed=7, pad_block_id=-1)
+    k, v = case.k_blocked(), case.v_trans_blocked()
+    layers = torch.zeros(3, 2, k.numel() * k.element_size(), dtype=torch.uint8)
+    layers[1, 0] = k.contiguous().view(torch.uint8).reshape(-1)
+    layers[1, 1] = v.contiguous().view(torch.uint8).reshape(-1)
+    k_view = layers[1, 0].view(k.dtype).view(k.shape)
+    v_view = layers[1, 1].view(v.dtype).view(v.shape)
+    with L.record_launches() as log:
+        out = s5.paged_decode(case.query, k_view, v_view, case.block_tables, case.context_lengths, case.k_scale,
+                              case.v_scale, arch="gfx942")
+    spans = {r[2]: r[:2] for r in log[0].regions}
+    assert any(r == (k_view.data_ptr(), k.numel() * k.element_size()) for r in spans.values())
+    ref = case.reference().float()
+    assert ((out.float() - ref).abs() <= 0.1 + 2.0**-4 * ref.abs()).all()
