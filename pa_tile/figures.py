@@ -472,7 +472,6 @@ def trace_facts(trace: Sequence[dict], names: Sequence[str], archs: Sequence[str
                        label=f"conflict cycles per tile ÷ 100, {arch}")
     _style(axs[0, 0], "bytes per K/V load instruction (one wave)", "stage", "bytes")
     _style(axs[0, 1], "coalescing: bytes used / segments' bytes", "stage", "fraction")
-    axs[0, 1].set_ylim(0, 1.25)
     _style(axs[1, 0], "LDS bank conflicts (1 = conflict free)", "stage", "degree / cycles ÷ 100")
     colors = _family_colors()
     bottom = np.zeros(len(names))
@@ -485,12 +484,13 @@ def trace_facts(trace: Sequence[dict], names: Sequence[str], archs: Sequence[str
     for a in axs.flat:
         a.set_xticks(tx, names)
         a.grid(axis="y", alpha=0.3)
-    axs[0, 0].legend(fontsize=FONT - 1, ncol=2)
-    axs[0, 1].legend(fontsize=FONT - 1, ncol=2, loc="upper center")
+    fig.legend(*axs[0, 0].get_legend_handles_labels(), loc="upper center", ncol=2 * len(archs), fontsize=FONT,
+               bbox_to_anchor=(0.5, 0.955))
+    axs[0, 1].set_ylim(0, 1.1)
     axs[1, 0].legend(fontsize=FONT - 1)
     axs[1, 1].legend(fontsize=FONT - 1, ncol=2)
     fig.suptitle("Memory behaviour and executed work, from the emulator trace", fontsize=FONT + 2)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 0.92))
     return fig
 
 

@@ -18,20 +18,28 @@ in the running process, all before the first ``@flyc.jit`` call:
 3. The call entries ``JitFunction.__call__``, ``CompiledFunction.__call__`` and ``flyc.compile``
    are wrapped: during a call, every ``torch.Tensor`` argument (also inside tuples, lists and
    dicts, and inside FlyDSL's ``from_torch_tensor`` / ``from_dlpack`` wrappers) is recorded as
-   an allowed memory region ``(base, nbytes, name)`` for the emulator's sanitizer (non-CPU
-   tensors are refused), the target arch is pinned (below), and an exception
+   an allowed memory region ``(base, nbytes, name)`` for the emulator's sanitizer, by default
+   exactly the bytes its view spans (non-CPU tensors are refused), the target arch is pinned
+   (below), and an exception
    raised inside a launch is re-raised from the call with its own traceback, since it cannot
    cross the C frames of FlyDSL's launcher. After a failed launch, the call's later launches are
    skipped and the call raises: nothing reports success for a kernel that did not run.
+4. FlyDSL's compile-placeholder checks count CPU tensors as live device tensors, so
+   ``flyc.compile(launcher, *cpu_tensors)`` launches as it does with GPU tensors (a launcher
+   that compiles on its first call and reuses the ``CompiledFunction`` runs every call).
 
 On each launch the kernarg segment is built from the kernel's ``.amdgpu_metadata`` (parsed with
 PyYAML): explicit arguments are copied from ``params[i]`` at ``.offset`` / ``.size``; hidden
 arguments get the values HIP's runtime would write (:func:`hidden_arg_values`). The launch is then
 given to the launch handler: by default :func:`run_on_emulator`, which calls
 ``pa_tile.emu.machine.run_kernel``; :func:`set_launch_handler` replaces it (tests do the work in
-Python from the kernarg bytes). :func:`launch_options` passes a ``Trace``, a progress flag, the
-LDS race policy and the scheduling quantum to the emulator; :func:`record_launches` collects
-the :class:`Launch` records (kernarg, regions, asm).
+Python from the kernarg bytes). A code object's text, metadata and parsed program are cached by
+the digest of its bytes, and the hidden part of the kernarg per kernel and launch shape, so a
+repeated launch does no parsing. :func:`launch_options` passes a ``Trace``, a progress flag, the
+LDS race policy and the scheduling quantum to the emulator, chooses per-view or per-storage
+bounds, adds regions for raw-pointer kernels, and with ``execute=False`` turns launches into
+no-ops (for measuring host cost); :func:`record_launches` collects the :class:`Launch` records
+(kernarg, regions, asm).
 
 Target arch
 -----------
@@ -190,11 +198,12 @@ class KernelMeta:
     uses_dynamic_stack: bool
     raw: dict = field(default_factory=dict, compare=False, repr=False)
 
-    @property
+    # Cached: every launch reads them several times (the instance is frozen, args never change).
+    @functools.cached_property
     def explicit_args(self) -> Tuple[KernelArg, ...]:
         return tuple(a for a in self.args if not a.is_hidden)
 
-    @property
+    @functools.cached_property
     def hidden_args(self) -> Tuple[KernelArg, ...]:
         return tuple(a for a in self.args if a.is_hidden)
 
@@ -356,13 +365,27 @@ def build_kernarg(
         raise KernargError(
             f"{meta.name}: arguments end at byte {end} but .kernarg_segment_size is {meta.kernarg_segment_size}"
         )
-    seg = bytearray(meta.kernarg_segment_size)
+    seg = bytearray(_hidden_template(meta, tuple(grid), tuple(block), int(dynamic_lds)))
     for i, (a, value) in enumerate(zip(args, explicit)):
         if len(value) != a.size:
             raise KernargError(
                 f"{meta.name}: argument {i} ({a.value_kind}) has {len(value)} bytes, metadata says {a.size}"
             )
         seg[a.offset : a.offset + a.size] = value
+    return bytes(seg)
+
+
+_HIDDEN_TEMPLATES: Dict[tuple, Tuple[KernelMeta, bytes]] = {}
+
+
+def _hidden_template(meta: KernelMeta, grid: tuple, block: tuple, dynamic_lds: int) -> bytes:
+    """The kernarg segment with only the hidden arguments filled in, cached per kernel and launch
+    shape: a repeated launch then only copies its explicit arguments in."""
+    key = (id(meta), grid, block, dynamic_lds)
+    hit = _HIDDEN_TEMPLATES.get(key)
+    if hit is not None and hit[0] is meta:
+        return hit[1]
+    seg = bytearray(meta.kernarg_segment_size)
     known = hidden_arg_values(grid, block, dynamic_lds)
     for a in meta.hidden_args:
         if a.value_kind in known:
@@ -378,24 +401,36 @@ def build_kernarg(
             seg[a.offset : a.offset + a.size] = int(value).to_bytes(a.size, "little")
         except OverflowError:
             raise KernargError(f"{meta.name}: {a.value_kind} = {value} does not fit in {a.size} bytes") from None
+    if len(_HIDDEN_TEMPLATES) > 256:
+        _HIDDEN_TEMPLATES.clear()
+    _HIDDEN_TEMPLATES[key] = (meta, bytes(seg))
     return bytes(seg)
 
 
 # ------------------------------------------------------------------------------------ regions
 
 
-def tensor_regions(values: Dict[str, Any]) -> List[Region]:
-    """Storage regions of every torch.Tensor in *values* (name -> argument), nested containers included.
+BOUNDS = ("view", "storage")
 
-    FlyDSL's ``from_torch_tensor`` / ``from_dlpack`` wrappers count as the tensor they wrap; a
-    DLPack object that is not a torch tensor (numpy, ...) contributes exactly the bytes its view
-    spans (:func:`_dlpack_region`).
 
-    Regions are whole storages (a view may legitimately reach its base tensor's bytes), named
-    after the argument path (``"qkv[1]"``); storages shared by several arguments appear once with
-    the names joined by ``|``. Tensors on a device other than the CPU raise ``ValueError``: the
-    emulator executes on host memory.
+def tensor_regions(values: Dict[str, Any], bounds: str = "view") -> List[Region]:
+    """Allowed regions of every torch.Tensor in *values* (name -> argument), nested containers included.
+
+    ``bounds="view"`` (the default): a tensor allows exactly the bytes its view spans (from its
+    lowest to its highest element), so when K and V are views into one allocation, a K index
+    that runs past K's view faults instead of quietly reading V or another layer.
+    ``bounds="storage"``: a tensor allows its whole storage, for kernels that legitimately reach
+    past the view they were given. FlyDSL's ``from_torch_tensor`` / ``from_dlpack`` wrappers
+    count as the tensor they wrap; a DLPack object that is not a torch tensor (numpy, ...)
+    always contributes the bytes its view spans (:func:`_dlpack_region`): DLPack does not
+    describe the allocation around it.
+
+    Regions are named after the argument path (``"qkv[1]"``); identical regions of several
+    arguments appear once with the names joined by ``|``. Tensors on a device other than the
+    CPU raise ``ValueError``: the emulator executes on host memory.
     """
+    if bounds not in BOUNDS:
+        raise ValueError(f"bounds must be 'view' or 'storage', got {bounds!r}")
     import torch
 
     found: Dict[Tuple[int, int], List[str]] = {}
@@ -424,10 +459,9 @@ def tensor_regions(values: Dict[str, Any]) -> List[Region]:
                     f"argument {name!r} is a tensor on {value.device}; the pa_tile emulator runs kernels on "
                     "host memory, so pass CPU tensors (pa_tile.backend.device_for_tensors() names the right device)"
                 )
-            storage = value.untyped_storage()
-            nbytes = storage.nbytes()
-            if nbytes:
-                names = found.setdefault((storage.data_ptr(), nbytes), [])
+            span = _view_span(value) if bounds == "view" else _storage_span(value)
+            if span is not None:
+                names = found.setdefault(span, [])
                 if name not in names:
                     names.append(name)
         elif isinstance(value, (tuple, list)):
@@ -440,6 +474,38 @@ def tensor_regions(values: Dict[str, Any]) -> List[Region]:
     for name, value in values.items():
         visit(value, name, 0)
     return [(base, nbytes, "|".join(names)) for (base, nbytes), names in found.items()]
+
+
+def _storage_span(t: Any) -> Optional[Tuple[int, int]]:
+    storage = t.untyped_storage()
+    nbytes = storage.nbytes()
+    return (storage.data_ptr(), nbytes) if nbytes else None
+
+
+def _view_span(t: Any) -> Optional[Tuple[int, int]]:
+    """``(base, nbytes)`` from a torch tensor's lowest to its highest element byte."""
+    if t.numel() == 0:
+        return None
+    lo = sum((n - 1) * st for n, st in zip(t.shape, t.stride()) if st < 0)
+    hi = sum((n - 1) * st for n, st in zip(t.shape, t.stride()) if st > 0)
+    size = t.element_size()
+    return t.data_ptr() + lo * size, (hi - lo + 1) * size
+
+
+def region_of(item: Any, name: str, bounds: str = "view") -> Optional[Region]:
+    """An extra allowed region from a tensor (its view or storage, per *bounds*) or a
+    ``(base, nbytes, name)`` tuple (see :func:`launch_options` ``regions``)."""
+    if isinstance(item, tuple) and len(item) == 3 and not hasattr(item[0], "data_ptr"):
+        base, nbytes, label = item
+        if not isinstance(base, int) or not isinstance(nbytes, int) or base <= 0 or nbytes < 0:
+            raise ValueError(f"region {item!r}: expected (base address > 0, nbytes >= 0, name)")
+        return (base, nbytes, str(label)) if nbytes else None
+    found = tensor_regions({name: item}, bounds)
+    if not found:
+        if getattr(item, "numel", None) is not None and item.numel() == 0:
+            return None
+        raise TypeError(f"{name}: expected a CPU tensor or a (base, nbytes, name) tuple, got {type(item).__name__}")
+    return found[0]
 
 
 def _dlpack_region(adaptor: Any, name: str) -> Optional[Tuple[int, int]]:
@@ -485,6 +551,7 @@ class LoadedModule:
     meta: Optional[CodeObjectMeta] = None
     error: Optional[BaseException] = None
     program: Any = None  # pa_tile.emu.asm program, parsed on first run
+    key: str = ""  # digest of the code object: modules with the same text share one parse
 
 
 @dataclass
@@ -505,18 +572,68 @@ class Launch:
     progress: Optional[bool] = None
     lds_races: str = "raise"
     quantum: Optional[int] = None
+    execute: bool = True
+    bounds: str = "view"
 
     @property
     def asm(self) -> str:
         return self.module.text or ""
 
 
+class _CodeObjects:
+    """Parse results per code object (digest of its bytes): the text, the metadata, and the
+    ``asm`` program (parsed on first run; it also caches the decoded handlers). Every load and
+    launch of the same kernel reuses them, so a repeated ``CompiledFunction`` launch does no
+    parsing at all."""
+
+    LIMIT = 64
+
+    def __init__(self) -> None:
+        import collections
+
+        self._entries: "collections.OrderedDict[str, list]" = collections.OrderedDict()
+        self._lock = threading.Lock()
+        self.parses = 0  # metadata parses done (tests check cache hits with it)
+
+    def metadata(self, key: str, blob: bytes) -> Tuple[str, CodeObjectMeta]:
+        with self._lock:
+            hit = self._entries.get(key)
+            if hit is not None:
+                self._entries.move_to_end(key)
+                return hit[0], hit[1]
+        text = blob.decode("utf-8")
+        meta = parse_amdgpu_metadata(text)
+        with self._lock:
+            self.parses += 1
+            self._entries[key] = [text, meta, None]
+            while len(self._entries) > self.LIMIT:
+                self._entries.popitem(last=False)
+        return text, meta
+
+    def program(self, module: "LoadedModule") -> Any:
+        from . import asm
+
+        with self._lock:
+            hit = self._entries.get(module.key)
+            if hit is not None and hit[2] is not None:
+                return hit[2]
+        program = asm.parse(module.text)
+        with self._lock:
+            hit = self._entries.get(module.key)
+            if hit is not None:
+                hit[2] = program
+        return program
+
+
+_code_objects = _CodeObjects()
+
+
 def run_on_emulator(launch: Launch) -> None:
     """Default launch handler: run the kernel in ``pa_tile.emu.machine`` against the regions."""
-    from . import asm, machine, memory
+    from . import machine, memory
 
     if launch.module.program is None:
-        launch.module.program = asm.parse(launch.module.text)
+        launch.module.program = _code_objects.program(launch.module)
     machine.run_kernel(
         launch.module.program,
         launch.kernel,
@@ -545,7 +662,9 @@ def set_launch_handler(fn: Optional[Callable[[Launch], None]]) -> Callable[[Laun
     return previous
 
 
-_DEFAULT_OPTIONS: Dict[str, Any] = dict(trace=None, progress=None, lds_races="raise", quantum=None)
+_DEFAULT_OPTIONS: Dict[str, Any] = dict(
+    trace=None, progress=None, lds_races="raise", quantum=None, execute=True, bounds="view", regions=()
+)
 
 
 class _Local(threading.local):
@@ -559,23 +678,50 @@ _local = _Local()
 
 @contextlib.contextmanager
 def launch_options(
-    *, trace: Any = None, progress: Optional[bool] = None, lds_races: str = "raise", quantum: Optional[int] = None
+    *,
+    trace: Any = None,
+    progress: Optional[bool] = None,
+    lds_races: str = "raise",
+    quantum: Optional[int] = None,
+    execute: bool = True,
+    bounds: str = "view",
+    regions: Sequence[Any] = (),
 ) -> Iterator[None]:
-    """Launches in this block (this thread) pass these to ``machine.run_kernel``.
+    """Launches in this block (this thread) use these options (unnamed ones take their defaults).
 
     ``trace``: a ``memory.Trace`` told every instruction and access; ``progress``: a progress
     bar over workgroups on stderr (``True``), none (``False``), or one on long launches when
     someone watches (``None``, see ``pa_tile.progress``); ``lds_races`` (``"raise"``, ``"warn"``, ``"off"``) and
     ``quantum`` (instructions a wave runs before the next takes a turn; ``None``: until its next
-    barrier): see ``run_kernel``. Checked here, so a typo fails before anything compiles.
+    barrier): see ``run_kernel``.
+
+    ``bounds``: ``"view"`` (default) lets each tensor argument reach exactly the bytes its view
+    spans; ``"storage"`` its whole storage, for kernels that legitimately read past a view
+    (:func:`tensor_regions`). ``regions``: extra allowed memory for kernels that take raw
+    ``data_ptr()`` integers instead of tensors: each item a CPU tensor (its view or storage, per
+    ``bounds``, read at each launch) or a ``(base, nbytes, name)`` tuple; the caller keeps that
+    memory alive for the block.
+
+    ``execute=False`` is the no-op launch for measuring host cost: each launch still finds its
+    kernel's metadata, builds the kernarg segment, collects and checks the allowed regions and
+    is recorded (:func:`record_launches`), but the launch handler is not called and no
+    instruction runs (outputs are left as they were). Everything is checked here, so a typo
+    fails before anything compiles.
     """
     if lds_races not in ("raise", "warn", "off"):
         raise ValueError(f"lds_races must be 'raise', 'warn' or 'off', got {lds_races!r}")
     if quantum is not None and (isinstance(quantum, bool) or not isinstance(quantum, int) or quantum < 1):
         raise ValueError(f"quantum must be None or a positive int, got {quantum!r}")
+    if not isinstance(execute, bool):
+        raise ValueError(f"execute must be True or False, got {execute!r}")
+    if bounds not in BOUNDS:
+        raise ValueError(f"bounds must be 'view' or 'storage', got {bounds!r}")
+    regions = tuple(regions)
+    for i, item in enumerate(regions):
+        region_of(item, f"regions[{i}]", bounds)  # fail now on a malformed item
     saved = _local.options
     _local.options = dict(trace=trace, progress=None if progress is None else bool(progress), lds_races=lds_races,
-                          quantum=quantum)
+                          quantum=quantum, execute=execute, bounds=bounds, regions=regions)
     try:
         yield
     finally:
@@ -628,8 +774,8 @@ class _Modules:
                         "was compiled before pa_tile.emu.launch.install() ran (or by another backend). "
                         "Install the emulator before the first @flyc.jit call."
                     )
-                module.text = blob.decode("utf-8")
-                module.meta = parse_amdgpu_metadata(module.text)
+                module.key = hashlib.sha256(blob).hexdigest()
+                module.text, module.meta = _code_objects.metadata(module.key, blob)
             except BaseException as e:  # noqa: BLE001
                 module.error = e
         if module.error is not None:
@@ -709,7 +855,13 @@ def _make_launch(handle, name_p, dims, dynamic_lds, params, extra, nparams) -> L
         explicit.append(ctypes.string_at(params[i], a.size))
     kernarg = build_kernarg(meta, explicit, grid, block, dynamic_lds)
     ctx = _local.call
+    options = dict(_local.options)
+    extra = options.pop("regions", ())
     regions = list(ctx.regions if ctx else []) + _live_allocations()
+    for i, item in enumerate(extra):
+        region = region_of(item, f"regions[{i}]", options["bounds"])
+        if region is not None and region not in regions:
+            regions.append(region)
     return Launch(
         kernel=kernel,
         meta=meta,
@@ -721,8 +873,15 @@ def _make_launch(handle, name_p, dims, dynamic_lds, params, extra, nparams) -> L
         explicit_args=tuple(explicit),
         kernarg=kernarg,
         regions=regions,
-        **_local.options,
+        **options,
     )
+
+
+def _check_regions(regions: Sequence[Region]) -> None:
+    """The checks ``memory.GlobalMemory`` makes of each region, without mapping any memory."""
+    for base, nbytes, name in regions:
+        if int(nbytes) < 0 or int(base) <= 0:
+            raise ValueError(f"region {name!r}: bad base {int(base):#x} / size {nbytes}")
 
 
 def _on_launch(handle, name_p, dims, dynamic_lds, stream, params, extra, nparams) -> int:
@@ -738,6 +897,9 @@ def _on_launch(handle, name_p, dims, dynamic_lds, stream, params, extra, nparams
         launch = _make_launch(handle, name_p, dims, dynamic_lds, params, extra, nparams)
         for log in _local.recorders:
             log.append(launch)
+        if not launch.execute:
+            _check_regions(launch.regions)
+            return 0
         _handler(launch)
         return 0
     except BaseException as e:  # noqa: BLE001 - nothing may escape into C
@@ -748,7 +910,7 @@ def _on_launch(handle, name_p, dims, dynamic_lds, stream, params, extra, nparams
 def _tracked_call(call: Callable[[], Any], what: str, named: Callable[[], Dict[str, Any]]) -> Any:
     if _local.call is not None:  # a jit function used while tracing another: no launch of its own
         return call()
-    ctx = _CallContext(name=what, regions=tensor_regions(named()))
+    ctx = _CallContext(name=what, regions=tensor_regions(named(), _local.options.get("bounds", "view")))
     _local.call = ctx
     try:
         with _pinned_arch():
@@ -780,12 +942,35 @@ def _wrap_jit_call(original: Callable) -> Callable:
     return __call__
 
 
+# CompiledFunction has __slots__ and no weakref slot, so the launcher each one came from is kept
+# here (bounded) to name its regions after the launcher's parameters ("K", not "arg1").
+_COMPILED_ORIGIN: Dict[int, Tuple[Any, str, Tuple[str, ...]]] = {}
+
+
+def _remember_compiled(compiled: Any, target: Callable) -> None:
+    try:
+        params = tuple(inspect.signature(target).parameters)
+    except (TypeError, ValueError):
+        return
+    if len(_COMPILED_ORIGIN) >= 256:
+        _COMPILED_ORIGIN.pop(next(iter(_COMPILED_ORIGIN)))
+    _COMPILED_ORIGIN[id(compiled)] = (compiled, getattr(target, "__name__", "?"), params)
+
+
+def _compiled_names(compiled: Any, args: tuple) -> Tuple[str, Dict[str, Any]]:
+    hit = _COMPILED_ORIGIN.get(id(compiled))
+    if hit is None or hit[0] is not compiled:
+        return "compiled function", {f"arg{i}": a for i, a in enumerate(args)}
+    _, name, params = hit
+    named = {(params[i] if i < len(params) else f"arg{i}"): a for i, a in enumerate(args)}
+    return f"compiled {name}()", named
+
+
 def _wrap_compiled_call(original: Callable) -> Callable:
     @functools.wraps(original)
     def __call__(self, *args):
-        return _tracked_call(
-            lambda: original(self, *args), "compiled function", lambda: {f"arg{i}": a for i, a in enumerate(args)}
-        )
+        what, named = _compiled_names(self, args)
+        return _tracked_call(lambda: original(self, *args), what, lambda: named)
 
     __call__._pa_tile_emu_original = original
     return __call__
@@ -797,14 +982,58 @@ def _wrap_compile_call(original: Callable) -> Callable:
     def __call__(self, func, *args, **kwargs):
         target = getattr(func, "func", func)
         name = getattr(target, "__name__", "?")
-        return _tracked_call(
+        compiled = _tracked_call(
             lambda: original(self, func, *args, **kwargs),
             f"flyc.compile({name})",
             lambda: _named_arguments(target, args, kwargs),
         )
+        if compiled is not None and type(compiled).__name__ == "CompiledFunction":
+            _remember_compiled(compiled, target)
+        return compiled
 
     __call__._pa_tile_emu_original = original
     return __call__
+
+
+# ------------------------------------------------------------- CPU tensors are device tensors
+
+# flyc.compile() launches at once when it is given live device arguments (FlyDSL: "live device
+# arguments retain the existing initial launch") and treats every other tensor as a compile
+# placeholder. Under the emulator host memory *is* device memory, so without this a launcher
+# that calls flyc.compile() on its first call and the cached CompiledFunction afterwards would
+# silently skip its first launch.
+_PLACEHOLDER_HOOKS = ("_is_compile_placeholder", "_has_live_device_argument")
+
+
+def _emulated_device_tensor(value: Any) -> bool:
+    """Whether *value* is a CPU tensor argument the emulator runs on (torch or FlyDSL-wrapped)."""
+    import torch
+
+    inner = getattr(value, "torch_tensor", None) if not isinstance(value, torch.Tensor) else value
+    if isinstance(inner, torch.Tensor):
+        return inner.device.type == "cpu"
+    adaptor = getattr(value, "dladaptor", None)
+    if adaptor is not None and getattr(value, "dltensor", None) is not None:
+        return bool(adaptor.data_ptr) and int(getattr(adaptor, "address_space", -1)) == 0
+    return False
+
+
+def _wrap_placeholder_check(original: Callable, live: bool) -> Callable:
+    @functools.wraps(original)
+    def check(value, *args, **kwargs):
+        if _emulated_device_tensor(value):
+            return live
+        return original(value, *args, **kwargs)
+
+    check._pa_tile_emu_original = original
+    return check
+
+
+def _hook_placeholders(jit_function: Any) -> None:
+    for name, live in zip(_PLACEHOLDER_HOOKS, (False, True)):
+        fn = getattr(jit_function, name)
+        if not hasattr(fn, "_pa_tile_emu_original"):
+            setattr(jit_function, name, _wrap_placeholder_check(fn, live))
 
 
 # --------------------------------------------------------------------------------------- shim
@@ -1064,6 +1293,11 @@ def _internals_problems() -> List[str]:
         cls = getattr(jit_function, cls_name, None)
         if cls is None or not callable(getattr(cls, "__call__", None)):
             problems.append(f"flydsl.compiler.jit_function.{cls_name}.__call__ (the call entry the hook wraps) is gone")
+    for name in _PLACEHOLDER_HOOKS:
+        if not callable(getattr(jit_function, name, None)):
+            problems.append(
+                f"flydsl.compiler.jit_function.{name} is gone: the hook cannot make flyc.compile() launch with "
+                "CPU tensors")
     return problems
 
 
@@ -1154,6 +1388,7 @@ def install() -> None:
         for cls, wrap in entries:
             if not hasattr(cls.__call__, "_pa_tile_emu_original"):
                 cls.__call__ = wrap(cls.__call__)
+        _hook_placeholders(jit_function)
         # Anything resolved before now (e.g. by COMPILE_ONLY compiles) named the real backend/runtime.
         B._make_backend.cache_clear()
         jit_executor._resolve_runtime_libs.cache_clear()

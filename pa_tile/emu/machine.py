@@ -20,7 +20,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from . import ops_ds, ops_mfma, ops_salu, ops_valu, ops_vmem  # noqa: F401  (register semantics)
+from . import ops_ds, ops_mfma, ops_salu, ops_scratch, ops_valu, ops_vmem  # noqa: F401  (register semantics)
 from .memory import LDS
 from .ops_ds import LdsRaceChecker
 from .asm import SGPR_EXEC, SGPR_M0, SGPR_VCC, Kernel, Program
@@ -47,7 +47,7 @@ class Wave:
     """Architectural state of one wavefront."""
 
     __slots__ = ("v", "s", "scc", "em", "eall", "pc", "lds", "races", "mem", "wg_id", "wave_id", "uid", "trace",
-                 "arch", "done")
+                 "arch", "done", "scratch")
 
     def __init__(self, arch: str = "gfx942"):
         self.v = np.zeros((512, LANES), np.uint32)
@@ -65,6 +65,7 @@ class Wave:
         self.uid = 0  # index within the launch (flat workgroup id * waves per group + wave_id)
         self.arch = arch
         self.done = False
+        self.scratch = None  # ops_scratch.PrivateSegment when the kernel has a private segment
         self.exec = (1 << LANES) - 1  # a fresh wave has all lanes on
 
     def sync_exec(self) -> None:
@@ -147,11 +148,31 @@ def decode_kernel(program: Program, kernel_name: Optional[str] = None, arch: Opt
 
 # --------------------------------------------------------------------------- execution
 
+def private_segment_size(k: Kernel) -> int:
+    """Bytes of scratch each work-item of kernel *k* owns (``.amdhsa_private_segment_fixed_size``)."""
+    return int(k.descriptor.get("private_segment_fixed_size", k.metadata.get(".private_segment_fixed_size", 0)))
+
+
+def _check_private_segment_setup(k: Kernel) -> None:
+    """Refuse scratch setups a HIP runtime would not give a gfx942/gfx950 kernel.
+
+    Both archs have architected flat scratch: the hardware sets FLAT_SCRATCH, and the private
+    segment buffer / flat scratch init user SGPRs "must be 0" (LLVM AMDGPUUsage, kernel
+    descriptor). A dynamic stack would need a size the runtime picks at launch.
+    """
+    d = k.descriptor
+    for flag in ("user_sgpr_private_segment_buffer", "user_sgpr_flat_scratch_init"):
+        if d.get(flag, 0):
+            raise UnsupportedInstruction(
+                f"kernel {k.name}: .amdhsa_{flag} is set, which gfx942/gfx950 (architected flat scratch) "
+                "do not support")
+    if d.get("uses_dynamic_stack", 0) or k.metadata.get(".uses_dynamic_stack", False):
+        raise UnsupportedInstruction(f"kernel {k.name}: a dynamic stack (.amdhsa_uses_dynamic_stack) is not emulated")
+
+
 def _init_wave_sgprs(w: Wave, k: Kernel, kernarg_addr: int, wg: Tuple[int, int, int]) -> None:
     d = k.descriptor
     n = 0
-    if d.get("user_sgpr_private_segment_buffer", 0):
-        raise UnsupportedInstruction(f"kernel {k.name}: private segment buffer (scratch) is not emulated")
     for flag in ("user_sgpr_dispatch_ptr", "user_sgpr_queue_ptr"):
         if d.get(flag, 0):
             raise UnsupportedInstruction(f"kernel {k.name}: .amdhsa_{flag} is not emulated")
@@ -161,6 +182,10 @@ def _init_wave_sgprs(w: Wave, k: Kernel, kernarg_addr: int, wg: Tuple[int, int, 
         n += 2
     if d.get("user_sgpr_dispatch_id", 0):
         n += 2
+    if d.get("user_sgpr_private_segment_size", 0):
+        # The CP writes the per-work-item private size rounded up to a dword.
+        w.s[n] = -(-private_segment_size(k) // 4) * 4
+        n += 1
     if d.get("user_sgpr_kernarg_preload_length", 0):
         raise UnsupportedInstruction(f"kernel {k.name}: kernarg preloading is not emulated")
     n = d.get("user_sgpr_count", n)
@@ -264,7 +289,8 @@ def _run_workgroup(waves: List[Wave], code: List, mnemonics, races, quantum: Opt
 def run_wave(program: Program, wave: Wave, kernel_name: Optional[str] = None, arch: Optional[str] = None) -> Wave:
     """Run one prepared wave from its kernel's entry to ``s_endpgm`` (a lone wave passes every
     ``s_barrier``). The caller sets up registers, EXEC (``wave.exec = ...``) and, if the code
-    touches memory, ``wave.mem`` / ``wave.lds``. For unit tests and demonstrations."""
+    touches memory, ``wave.mem`` / ``wave.lds`` (and ``wave.scratch``, an
+    ``ops_scratch.PrivateSegment``, for scratch). For unit tests and demonstrations."""
     kernel = program.kernel(kernel_name)
     code = decode_kernel(program, kernel.name, arch or wave.arch)
     wave.pc = kernel.entry
@@ -374,6 +400,13 @@ def run_kernel(
         return f"line {ins.line} ({ins.text})"
 
     waves = [Wave(arch) for _ in range(nwaves)]
+    _check_private_segment_setup(kernel)
+    scratch_bytes = private_segment_size(kernel)
+    if scratch_bytes:
+        from .ops_scratch import PrivateSegment
+
+        for w in waves:
+            w.scratch = PrivateSegment(scratch_bytes)
     ngroups = grid3[0] * grid3[1] * grid3[2]
     bar = None if progress is False else _progress_bar(kernel.name, ngroups, progress)
     try:
@@ -395,6 +428,8 @@ def run_kernel(
                     w.wave_id = wi
                     w.uid = g * nwaves + wi
                     w.done = False
+                    if w.scratch is not None:
+                        w.scratch.reset()
                     n_live = min(LANES, threads - wi * LANES)
                     w.v[0] = packed_ids[wi]
                     w.exec = (1 << n_live) - 1

@@ -191,6 +191,7 @@ class GlobalMemory:
         self._bases = np.array([s[0] for s in keep], np.uint64)
         self._ends = np.array([s[1] for s in keep], np.uint64)
         self._last = -1
+        self.__dict__.pop("_base_spans", None)
 
     def alloc(self, nbytes: int, name: str, *, align: int = 256, fill: int = 0) -> tuple[int, np.ndarray]:
         """Emulator-owned buffer (kernarg segment, tests) registered as a region.
@@ -273,6 +274,53 @@ class GlobalMemory:
             self._last = first
             return first
         return idc
+
+    def check_derived(self, base: int, addrs, mask, nbytes: int, origin: str = "", what: str = "load") -> None:
+        """Fault unless every active lane's access stays in the region that *base* lies in.
+
+        Buffer accesses carry their provenance in the V#: the descriptor's base points into the
+        tensor it was built from. Checking against that one region (not against any region)
+        catches an index that runs from one view into a neighbouring one, e.g. from K's pages
+        into V's when both are views of one cache allocation. A base inside no region (a
+        descriptor built below its buffer) leaves the ordinary any-region check in charge.
+        """
+        # A kernel builds few descriptors: remember the region of each base (None: in none).
+        cache = self.__dict__.setdefault("_base_spans", {})
+        span = cache.get(base, False)
+        if span is False:
+            i = int(np.searchsorted(self._bases, np.uint64(base), side="right")) - 1
+            ok = i >= 0 and int(self._bases[i]) <= base < int(self._ends[i])
+            span = cache[base] = self._spans[i][:3] if ok else None
+        if span is None:
+            return
+        b, e, name = span
+        mask = np.asarray(mask, bool)
+        a = np.asarray(addrs, np.uint64)
+        if mask.all():
+            lanes = None
+        else:
+            lanes = np.flatnonzero(mask)
+            if lanes.size == 0:
+                return
+            a = a[lanes]
+        if int(a.min()) >= b and int(a.max()) + nbytes <= e:
+            return
+        if lanes is None:
+            lanes = np.arange(len(a))
+        bad = (a < np.uint64(b)) | (a + np.uint64(nbytes) > np.uint64(e))
+        lane, addr = int(lanes[bad][0]), int(a[bad][0])
+        inside = self.find(addr)
+        if inside is None:
+            return  # outside every region: the ordinary check reports it, nearest region and all
+        rel = f"{b - addr} B before it" if addr < b else f"{addr - e} B past its end" if addr >= e else \
+            f"and runs {addr + nbytes - e} B past its end"
+        other = f" (into region {inside[0]!r})"
+        raise MemoryFault(
+            f"{origin or '<unknown origin>'}: {what} of {nbytes} B by lane {lane} at {addr:#x} leaves the "
+            f"region its descriptor's base {base:#x} points into, {name!r} [{b:#x}, {e:#x}): the access starts "
+            f"{rel}{other} ({int(bad.sum())} of {lanes.size} active lanes)",
+            origin=origin, space="global", lane=lane, address=addr, nbytes=nbytes, nearest=(name, b, e),
+            bad_lanes=lanes[bad].tolist())
 
     # -- vector access ---------------------------------------------------------------------
 
@@ -449,6 +497,8 @@ def buffer_load(mem: GlobalMemory, rsrc: BufferResource, mask, nbytes: int, *, v
     addrs, live = _live(rsrc, mask, nbytes, dict(
         vaddr_offset=vaddr_offset, vaddr_index=vaddr_index, soffset=soffset,
         inst_offset=inst_offset, offen=offen, idxen=idxen))
+    if hasattr(mem, "check_derived"):
+        mem.check_derived(rsrc.base, addrs, live.any(axis=1), nbytes, origin, "load")
     full = live.all(axis=1)
     if (full == mask).all():
         data = mem.load(addrs, mask, nbytes, origin)
@@ -470,6 +520,8 @@ def buffer_store(mem: GlobalMemory, rsrc: BufferResource, mask, data, *, vaddr_o
     addrs, live = _live(rsrc, mask, nbytes, dict(
         vaddr_offset=vaddr_offset, vaddr_index=vaddr_index, soffset=soffset,
         inst_offset=inst_offset, offen=offen, idxen=idxen))
+    if hasattr(mem, "check_derived"):
+        mem.check_derived(rsrc.base, addrs, live.any(axis=1), nbytes, origin, "store")
     full = live.all(axis=1)
     if (full == mask).all():
         mem.store(addrs, mask, data, origin)

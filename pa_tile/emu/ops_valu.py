@@ -805,8 +805,10 @@ def _pk_mov(ctx):
     whi = ctx.vwrite(ctx.ops[0].__class__("v", index=row + 1), U)
 
     def h(w):
-        a = s0(w)[sel[0]]
-        b = s1(w)[sel[1]]
+        # The sources are views of register rows and D may overlap them (LLVM emits
+        # v_pk_mov_b32 v[4:5], v[20:21], v[4:5] op_sel:[1,0]): copy both before writing either.
+        a = np.array(s0(w)[sel[0]])
+        b = np.array(s1(w)[sel[1]])
         wlo(w, a)
         whi(w, b)
     return h
@@ -950,6 +952,11 @@ def _permlane_swap(ctx):
         na, nb = va.copy(), vb.copy()
         na[lanes_a] = vb[lanes_b]
         nb[lanes_b] = va[lanes_a]
+        if a == b:
+            # One register as both operands: the two halves trade places; writing na and
+            # then nb would let the second write undo half of the first.
+            na[lanes_b] = va[lanes_a]
+            nb = na
         if w.eall:
             w.v[a] = na
             w.v[b] = nb
