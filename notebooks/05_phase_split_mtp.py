@@ -46,11 +46,11 @@ import math
 
 import matplotlib.pyplot as plt
 import torch
-from tqdm import tqdm
 
 from pa_tile import backend, cache, figures, isa, toolchain
 from pa_tile.arch import fp8_format
 from pa_tile.emu.memory import format_table
+from pa_tile.progress import progress as tqdm
 
 # %% [markdown]
 # ## The module
@@ -765,7 +765,7 @@ def paged_decode_partials(query, key_cache, value_cache, block_tables, context_l
 # %% tags=["nbval-ignore-output"]
 print("backend:", backend.ensure_backend())  # "gpu" on a ROCm machine, else "emu"
 
-# %% tags=["nbval-ignore-output"]
+# %%
 def make(arch, bs, hd, g, ql, scales="per-tensor", qdt=torch.float16, contexts=cache.RAGGED_CONTEXTS, seed=1,
          device=None):
     """A case on ``device`` (default: where kernels run here; "cpu" for compile-only cells)."""
@@ -778,7 +778,7 @@ def inputs(case, trans_v=True):
     v = case.v_trans_blocked() if trans_v else case.v_plain()
     return (case.query, case.k_blocked(), v, case.block_tables, case.context_lengths, case.k_scale, case.v_scale)
 
-
+# %% tags=["nbval-ignore-output"]
 CONFIGS = [  # block, head_dim, group, query_length, scales, query dtype, trans V, window, m_tiles
     (16, 128, 8, 1, "per-tensor", torch.float16, True, 0, None),
     (64, 64, 16, 4, "per-tensor", torch.bfloat16, True, 0, None),

@@ -38,11 +38,11 @@ import math
 
 import matplotlib.pyplot as plt
 import torch
-from tqdm import tqdm
 
 from pa_tile import backend, cache, figures, isa, toolchain
 from pa_tile.arch import fp8_format
 from pa_tile.emu.memory import format_table
+from pa_tile.progress import progress as tqdm
 
 # %% [markdown]
 # Three sequences of one batch, split four ways: each partition takes a contiguous run of a
@@ -460,7 +460,7 @@ for bad, fix in ((dict(block_tables=case.block_tables.long()), "int64 block tabl
 # 1027 tokens (5 tiles) a split of 3 leaves the 17-token sequence two empty partitions and the
 # 1-token one two as well. Tolerance as in chapters 2 and 5: `|err| ≤ 0.1 + 2⁻⁴·|ref|`.
 
-# %% tags=["nbval-ignore-output"]
+# %%
 def make(arch, bs, hd, g, ql, scales="per-tensor", qdt=torch.float16, contexts=cache.RAGGED_CONTEXTS, kvh=1, seed=1,
          device=None):
     """A case on ``device`` (default: where kernels run here; "cpu" for compile-only cells)."""
@@ -478,7 +478,7 @@ def inputs(case, trans_v=True, strided=False):
     v = case.v_trans_blocked() if trans_v else case.v_plain()
     return (q, case.k_blocked(), v, case.block_tables, case.context_lengths, case.k_scale, case.v_scale)
 
-
+# %% tags=["nbval-ignore-output"]
 MATRIX = [  # block, head_dim, group, query_length, scales, query dtype, trans V, window, strided, partitions
     (16, 128, 8, 1, "per-tensor", torch.float16, True, 0, False, None),
     (64, 128, 16, 1, "per-token", torch.bfloat16, True, 0, True, 3),

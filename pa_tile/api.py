@@ -275,10 +275,46 @@ def paged_decode(query, key_cache, value_cache, block_tables, context_lengths, k
     launch; values (context lengths, page ids, scale values) only for CPU tensors, where reading
     them is free; use ``plan(..., check_values=True)`` to check them once on a GPU.
     """
-    pl = plan(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale,
-              softmax_scale=softmax_scale, sliding_window=sliding_window, query_length=query_length,
-              workspace=workspace, num_partitions=num_partitions, m_tiles=m_tiles, arch=arch)
+    tensors = (query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale, workspace)
+    key = None if _tracing(query) else _call_key(tensors, (softmax_scale, sliding_window, query_length,
+                                                           num_partitions, m_tiles, arch))
+    pl = _plans.get(key) if key is not None else None
+    if pl is None:
+        pl = plan(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale,
+                  softmax_scale=softmax_scale, sliding_window=sliding_window, query_length=query_length,
+                  workspace=workspace, num_partitions=num_partitions, m_tiles=m_tiles, arch=arch)
+        # a plan owning its workspace is not shared between calls (streams could overlap on it)
+        if key is not None and (workspace is not None or pl.num_partitions == 1):
+            if len(_plans) >= _MAX_PLANS:
+                _plans.pop(next(iter(_plans)))
+            _plans[key] = pl
+    elif query.device.type == "cpu":
+        # the same call as before, by every tensor's metadata and memory: only the values may differ
+        problem.check_values(pl.problem, block_tables, context_lengths, key_scale, value_scale)
     return pl.run(query, key_cache, value_cache, out=out)
+
+
+_plans: dict = {}
+_MAX_PLANS = 64
+
+
+def _call_key(tensors, options):
+    """Every tensor's metadata and memory, and the options: a call with the same key is the same
+    problem on the same buffers, so its plan serves again. ``None`` when an argument is not a
+    tensor/number (the full validation then names it)."""
+    key = []
+    for t in tensors:
+        if isinstance(t, torch.Tensor):
+            key.append((t.data_ptr(), t.shape, t.stride(), t.dtype, t.device))
+        elif t is None or (isinstance(t, (int, float)) and not isinstance(t, bool)):
+            key.append(t)
+        else:
+            return None
+    for o in options:
+        if not (o is None or isinstance(o, (int, float, str))) or isinstance(o, bool):
+            return None
+        key.append((type(o), o))
+    return tuple(key)
 
 
 def make_workspace(query, key_cache, block_tables, *, query_length=None, num_partitions=None, arch=None,

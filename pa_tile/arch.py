@@ -93,9 +93,15 @@ def fp8_max(arch: str) -> float:
 
 def fp8_torch_dtype(arch: str):
     """The torch dtype whose codes ``arch`` decodes as e4m3."""
-    import torch
+    dtype = _FP8_DTYPES.get(arch)
+    if dtype is None:
+        import torch
 
-    return getattr(torch, info(arch).fp8_torch_name)
+        dtype = _FP8_DTYPES[arch] = getattr(torch, info(arch).fp8_torch_name)
+    return dtype
+
+
+_FP8_DTYPES: Dict[str, object] = {}
 
 
 def arch_of_fp8_dtype(dtype) -> str:

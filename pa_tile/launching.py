@@ -14,14 +14,12 @@
 * **A simulated GPU** (``pa_tile.backend.simulate_gpu``) replaces the launch by a check that
   every tensor is a ``cuda`` tensor and the arch is the device's, and records it.
 
-FlyDSL's own rule decides whether ``flyc.compile`` runs the kernel: with live device tensors it
-does (the first launch), with CPU tensors (the emulator) it only compiles. ``launch`` follows it,
-so each call launches exactly once either way.
+``flyc.compile`` with live arguments is also the first launch: FlyDSL's rule for device tensors,
+and the emulator's for CPU tensors (``pa_tile.emu.launch``), so each call launches exactly once.
 """
 
 from __future__ import annotations
 
-import os
 import threading
 from typing import Dict, Optional, Sequence, Tuple
 
@@ -30,7 +28,6 @@ import torch
 __all__ = ["launch", "call", "check_one_device", "compiled_count", "clear_cache"]
 
 _compiled: Dict[tuple, object] = {}
-_environ = os.environ
 _lock = threading.Lock()
 
 
@@ -98,8 +95,7 @@ def launch(jit_fn, args: Sequence, *, arch: str, names: Optional[Sequence[str]] 
                 stream = torch.cuda.current_stream(device) if on_gpu else None
                 compiled = _compile(jit_fn, args, stream, arch, on_gpu)
                 _compiled[key] = compiled
-                if on_gpu:
-                    return compiled  # flyc.compile ran it: live device arguments launch on compile
+                return compiled  # flyc.compile ran it (the first launch)
     call(compiled, args, arch, device)
     return compiled
 
@@ -113,13 +109,8 @@ def call(compiled, args: Sequence, arch: str, device: torch.device) -> None:
         _check_simulated(backend.simulated_gpu(), compiled.jit_fn, args, compiled.names, arch)
     elif device.type == "cuda":
         compiled(*args, torch.cuda.current_stream(device))
-    elif _environ.get("ARCH") == arch and _environ.get("FLYDSL_GPU_ARCH") == arch:
+    else:  # the emulator: synchronous, its arch read from the compiled code object
         compiled(*args, None)
-    else:
-        from pa_tile import toolchain
-
-        with toolchain.target_arch(arch):  # the emulator reads the arch of the launch here
-            compiled(*args, None)
 
 
 class _Simulated:

@@ -705,15 +705,18 @@ def launch_options(
     ``execute=False`` is the no-op launch for measuring host cost: each launch still finds its
     kernel's metadata, builds the kernarg segment, collects and checks the allowed regions and
     is recorded (:func:`record_launches`), but the launch handler is not called and no
-    instruction runs (outputs are left as they were). Everything is checked here, so a typo
-    fails before anything compiles.
+    instruction runs (outputs are left as they were). ``execute="host"`` skips the emulator's own
+    per-launch work too (region walk, kernarg, the launch record): the shim returns at once, so
+    what remains is the host path a GPU launch has (pa_tile's and FlyDSL's Python, the C call);
+    ``pa_tile.perf.overhead`` measures with it. Everything is checked here, so a typo fails
+    before anything compiles.
     """
     if lds_races not in ("raise", "warn", "off"):
         raise ValueError(f"lds_races must be 'raise', 'warn' or 'off', got {lds_races!r}")
     if quantum is not None and (isinstance(quantum, bool) or not isinstance(quantum, int) or quantum < 1):
         raise ValueError(f"quantum must be None or a positive int, got {quantum!r}")
-    if not isinstance(execute, bool):
-        raise ValueError(f"execute must be True or False, got {execute!r}")
+    if not isinstance(execute, bool) and execute != "host":
+        raise ValueError(f"execute must be True, False or 'host', got {execute!r}")
     if bounds not in BOUNDS:
         raise ValueError(f"bounds must be 'view' or 'storage', got {bounds!r}")
     regions = tuple(regions)
@@ -894,6 +897,8 @@ def _on_launch(handle, name_p, dims, dynamic_lds, stream, params, extra, nparams
             )
         if ctx.error is not None:
             return 2  # an earlier launch of this call failed: later ones would read its garbage
+        if _local.options.get("execute") == "host":
+            return 0  # the device's work, and the emulator's own per-launch work, skipped
         launch = _make_launch(handle, name_p, dims, dynamic_lds, params, extra, nparams)
         for log in _local.recorders:
             log.append(launch)
@@ -907,13 +912,18 @@ def _on_launch(handle, name_p, dims, dynamic_lds, stream, params, extra, nparams
         return 1
 
 
-def _tracked_call(call: Callable[[], Any], what: str, named: Callable[[], Dict[str, Any]]) -> Any:
+def _tracked_call(call: Callable[[], Any], what: str, named: Callable[[], Dict[str, Any]],
+                  pin_arch: bool = True) -> Any:
     if _local.call is not None:  # a jit function used while tracing another: no launch of its own
         return call()
-    ctx = _CallContext(name=what, regions=tensor_regions(named(), _local.options.get("bounds", "view")))
+    host_only = _local.options.get("execute") == "host"
+    # execute="host": no region walk here and none at the launch: only what a GPU's host does runs
+    regions = [] if host_only else tensor_regions(named(), _local.options.get("bounds", "view"))
+    ctx = _CallContext(name=what, regions=regions)
     _local.call = ctx
     try:
-        with _pinned_arch():
+        # a compiled function's code object names its arch; only tracing reads ARCH
+        with _pinned_arch() if pin_arch else contextlib.nullcontext():
             result = call()
     except BaseException as flydsl_error:
         if ctx.error is None:
@@ -969,8 +979,10 @@ def _compiled_names(compiled: Any, args: tuple) -> Tuple[str, Dict[str, Any]]:
 def _wrap_compiled_call(original: Callable) -> Callable:
     @functools.wraps(original)
     def __call__(self, *args):
-        what, named = _compiled_names(self, args)
-        return _tracked_call(lambda: original(self, *args), what, lambda: named)
+        hit = _COMPILED_ORIGIN.get(id(self))
+        what = f"compiled {hit[1]}()" if hit is not None and hit[0] is self else "compiled function"
+        return _tracked_call(lambda: original(self, *args), what, lambda: _compiled_names(self, args)[1],
+                             pin_arch=False)
 
     __call__._pa_tile_emu_original = original
     return __call__

@@ -6,11 +6,10 @@
 * ``Plan.run`` (the per-layer call of a plan made once),
 * ``torch.ops.pa_tile.paged_decode`` (the op, as traced code calls it),
 
-with the device's work replaced by a no-op at the launch boundary: everything up to and including
-``CompiledFunction``'s argument marshalling runs (validation, the compiled-kernel cache, argument
-packing, FlyDSL's dispatch into the runtime), and only the kernel execution is skipped — in the
-emulator's launch handler when the emulator provides that switch, else at ``pa_tile.launching``'s
-final call (then FlyDSL's marshalling is not counted; the report says which). Beside them, a torch
+with the device's work replaced by a no-op at the launch boundary (``launch_options(execute="host")``:
+the runtime's launch call returns at once): everything a GPU's host does runs (validation, the
+compiled-kernel cache, argument packing, FlyDSL's dispatch into the runtime's C launch call);
+neither the kernel nor the emulator's own per-launch bookkeeping does. Beside them, a torch
 ``scaled_dot_product_attention`` call on tiny tensors, the cost of "one small torch op" on this
 machine; the ratios to it are the figures of merit (targets: ``run`` <= 5x, ``paged_decode`` <= 10x).
 """
@@ -27,8 +26,11 @@ import torch
 
 __all__ = ["measure", "Overhead", "TARGETS"]
 
-#: ratio to the tiny SDPA call each entry point must stay within
-TARGETS = {"run": 5.0, "paged_decode": 10.0, "op": 10.0}
+#: ratio to the tiny SDPA call each entry point must stay within. The op is reported, not held to
+#: a target: ``torch.library.custom_op``'s own Python dispatch costs several SDPA calls by itself
+#: (its argument handling is quadratic in the schema's 15 arguments), and eager calls of
+#: ``paged_decode``/``run`` skip it.
+TARGETS = {"run": 5.0, "paged_decode": 10.0}
 
 
 @dataclasses.dataclass
@@ -48,7 +50,8 @@ class Overhead:
     def report(self) -> str:
         lines = [f"host time per call (median), device work skipped {self.stub}:"]
         for k, v in self.us.items():
-            r = "" if k == "sdpa" else f"  {self.ratios[k]:5.2f}x sdpa (target <= {TARGETS[k]:g}x)"
+            target = f" (target <= {TARGETS[k]:g}x)" if k in TARGETS else " (reported)"
+            r = "" if k == "sdpa" else f"  {self.ratios[k]:5.2f}x sdpa{target}"
             lines.append(f"  {k:13s} {v:9.1f} us{r}")
         lines.append("targets met" if self.meets_targets() else "targets NOT met")
         return "\n".join(lines)
@@ -71,24 +74,8 @@ def _no_device_work():
     """Skip kernel execution at the launch boundary; yields a description of where."""
     from pa_tile.emu import launch as emu_launch
 
-    opts = getattr(emu_launch, "launch_options", None)
-    try:
-        cm = opts(execute=False)
-    except TypeError:
-        cm = None
-    if cm is not None:
-        with cm:
-            yield "in the emulator's launch handler (FlyDSL's dispatch counted)"
-        return
-    from pa_tile import launching
-
-    saved = dict(launching._compiled)
-    launching._compiled.update({k: (lambda *a: None) for k in saved})
-    try:
-        yield "at pa_tile.launching's compiled call (FlyDSL's dispatch not counted)"
-    finally:
-        launching._compiled.clear()
-        launching._compiled.update(saved)
+    with emu_launch.launch_options(execute="host"):
+        yield "at the runtime's launch call (pa_tile's and FlyDSL's host code counted, no emulator work)"
 
 
 @contextlib.contextmanager
