@@ -92,12 +92,15 @@ def test_waitcnt_walk_hides_latency_behind_work():
     wait = [("s_waitcnt", "vmcnt(0)")]
     exposed = model.wave_profile(load + wait + work, h)
     hidden = model.wave_profile(load + work + wait, h)
-    assert exposed.vm_stall == pytest.approx(h.mem_latency_cycles - h.issue_interval)
-    assert hidden.vm_stall == pytest.approx(max(0.0, h.mem_latency_cycles - h.issue_interval - 50 * h.valu_cycles))
+    ta = 16 * 64 / h.ta_bytes_per_clk * 4  # a coalesced dwordx4, issued by the 4 waves of a workgroup
+    assert exposed.vm_stall == pytest.approx(h.mem_latency_cycles + ta - h.issue_interval)
+    assert hidden.vm_stall == pytest.approx(max(0.0, h.mem_latency_cycles + ta - h.issue_interval - 50 * h.valu_cycles))
     assert hidden.cycles < exposed.cycles
     # a load issued one iteration ahead (prefetch) is waited for in the next: steady state hides it
     pre = model.wave_profile(wait + load + work, h, repeat=3, before=load)
     assert pre.vm_stall < exposed.vm_stall
+    # an uncoalesced load (64 segments) returns later than a coalesced one
+    assert model.wave_profile(load + wait, h, vmem_segments=64.0).cycles > model.wave_profile(load + wait, h).cycles
     nop = model.wave_profile([("s_nop", "7")], h)
     assert nop.cycles == 8 and nop.nop_cycles == 8
 

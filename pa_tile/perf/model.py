@@ -33,7 +33,9 @@ XCD's CUs; the busiest CU runs ``ceil(n / R_max)`` generations of at most ``R_ma
 Memory: HBM bytes (K/V of every page touched, scales, query, output, block tables; split-K
 partials written and read back at Infinity Cache bandwidth, they fit in its 256 MB) over
 ``hbm_efficiency x peak``; bytes *requested* beyond the unique ones (M-groups re-reading K/V)
-go at L2 bandwidth. Kernel time = max(CU time, memory time) + ``launch_us``; a split-K launch adds
+go at L2 bandwidth. Memory latency is loaded: ``mem_latency_cycles / (1 - u)`` with ``u`` the HBM utilisation the
+prediction itself implies (a fixed point), so a kernel whose waits stalled in the walk slows down
+as the memory system fills. Kernel time = max(CU time, memory time) + ``launch_us``; a split-K launch adds
 the reduce kernel the same way (its walk x partitions, its bytes) plus another ``launch_us``.
 The HBM floor (``roofline.time_floor``, peak bandwidth) is never beaten: the prediction is
 clamped to it, and the clamp is reported if it ever binds.
@@ -63,9 +65,12 @@ __all__ = [
     "predict",
     "predict_stage",
     "format_prediction",
+    "vmem_segments",
 ]
 
 TILE = 256
+#: the highest HBM utilisation the loaded-latency fixed point may reach (lat0 / (1 - u) stays finite)
+U_MAX = 0.95
 _TRANS = ("v_exp_", "v_log_", "v_rcp_", "v_sqrt_", "v_rsq_", "v_sin_", "v_cos_")
 _WAIT = re.compile(r"(vmcnt|lgkmcnt|expcnt)\((\d+)\)")
 _WIDTH_BYTES = {"byte": 1, "sbyte": 1, "ubyte": 1, "short": 2, "ushort": 2, "sshort": 2, "dword": 4,
@@ -84,6 +89,7 @@ class WaveProfile:
     cycles: float = 0.0          # wall time of the range for this wave
     issue_cycles: float = 0.0    # of which: issue and pipeline occupancy (no memory waits)
     vm_stall: float = 0.0        # waited in s_waitcnt vmcnt
+    vm_stalled_waits: int = 0    # s_waitcnt vmcnt that waited at all (each grows 1:1 with latency)
     lgkm_stall: float = 0.0      # waited in s_waitcnt lgkmcnt
     nop_cycles: float = 0.0      # s_nop (hazard) idle cycles
     instructions: int = 0
@@ -117,10 +123,14 @@ def _family(mn: str) -> str:
 class _Walker:
     """State of the walk: clock, per-unit free times, outstanding counter queues."""
 
-    def __init__(self, hw: _hw.Hardware):
+    def __init__(self, hw: _hw.Hardware, vmem_segments: float = 16.0, ta_share: int = 4):
         self.hw = hw
         self.t = 0.0
-        self.free = {"valu": 0.0, "mfma": 0.0, "lds": 0.0}
+        self.free = {"valu": 0.0, "mfma": 0.0, "lds": 0.0, "ta": 0.0}
+        # the CU's vector-memory addresser serves one 64-byte segment per clock ([ROCPROF]); a
+        # load of ``vmem_segments`` segments, issued alike by the ``ta_share`` waves of the
+        # workgroup, holds it that many times: an uncoalesced load returns that much later
+        self.ta_cycles = vmem_segments * 64.0 / hw.ta_bytes_per_clk * ta_share
         self.vm: List[Tuple[float, int]] = []    # (completion time, bytes) in issue order
         self.lgkm: List[float] = []
 
@@ -152,6 +162,7 @@ class _Walker:
             stall = self.t - before
             if "vmcnt" in (ops or ""):
                 prof.vm_stall += stall
+                prof.vm_stalled_waits += int(stall > 0)
             else:
                 prof.lgkm_stall += stall
             self.t += 1
@@ -179,7 +190,9 @@ class _Walker:
             prof.ds += 1
         elif fam in ("global", "buffer"):
             nb = _mem_bytes(mn)
-            self.vm.append((issue + hw.mem_latency_cycles, nb))
+            start = max(issue, self.free["ta"])
+            self.free["ta"] = start + self.ta_cycles
+            self.vm.append((self.free["ta"] + hw.mem_latency_cycles, nb))
             prof.vmem += 1
             prof.max_vm_bytes_in_flight = max(prof.max_vm_bytes_in_flight, sum(b for _, b in self.vm))
         elif fam == "smem":
@@ -223,9 +236,10 @@ def _kernel_lines(text: str, kernel: str) -> List[Tuple[int, str, str]]:
 
 
 def wave_profile(instrs: Sequence[Tuple[str, str]], hw, *, repeat: int = 1,
-                 before: Sequence[Tuple[str, str]] = ()) -> WaveProfile:
-    """Walk ``before`` once, then ``instrs`` ``repeat`` times; the profile of the last repeat."""
-    w = _Walker(_hw.hardware(hw))
+                 before: Sequence[Tuple[str, str]] = (), vmem_segments: float = 16.0) -> WaveProfile:
+    """Walk ``before`` once, then ``instrs`` ``repeat`` times; the profile of the last repeat.
+    ``vmem_segments``: 64-byte segments per vector load (16: a coalesced wave64 dwordx4)."""
+    w = _Walker(_hw.hardware(hw), vmem_segments)
     _walk(w, before)
     prof = WaveProfile()
     for _ in range(max(1, repeat)):
@@ -256,11 +270,14 @@ class KernelCode:
         return d
 
 
-def kernel_code(asm_text: str, kernel: Optional[str] = None, *, hw="mi300x", cached: bool = False) -> KernelCode:
+def kernel_code(asm_text: str, kernel: Optional[str] = None, *, hw="mi300x", cached: bool = False,
+                vmem_segments: float = 16.0) -> KernelCode:
     """Occupancy and the walked main loop / fixed part of one kernel in ``asm_text``.
 
     ``cached``: its global loads hit in L2 / Infinity Cache (``cache_latency_cycles``), as the
-    reduce kernel's re-reads of partials just written do."""
+    reduce kernel's re-reads of partials just written do. ``vmem_segments``: 64-byte segments an
+    average vector load touches (the emulator's coalescing figure; 16 = a perfectly coalesced
+    dwordx4 of 64 lanes)."""
     from .. import isa
 
     hwc = _hw.hardware(hw)
@@ -277,7 +294,7 @@ def kernel_code(asm_text: str, kernel: Optional[str] = None, *, hw="mi300x", cac
         body = [(m, o) for n, m, o in lines if lp.start_line <= n <= lp.end_line]
         pre = [(m, o) for n, m, o in lines if n < lp.start_line]
         post = [(m, o) for n, m, o in lines if n > lp.end_line]
-        w = _Walker(hwc)
+        w = _Walker(hwc, vmem_segments)
         p_pre = _walk(w, pre)
         for _ in range(3):
             loop_prof = _walk(w, body)
@@ -285,7 +302,7 @@ def kernel_code(asm_text: str, kernel: Optional[str] = None, *, hw="mi300x", cac
         fixed = _merge(p_pre, p_post)
         nloop = len(body)
     else:
-        fixed = wave_profile([(m, o) for _, m, o in lines], hwc)
+        fixed = _walk(_Walker(hwc, vmem_segments), [(m, o) for _, m, o in lines])
         nloop = 0
     return KernelCode(name, hwc.arch, stats.vgpr_unified, stats.lds_bytes, occ.waves_per_workgroup,
                       occ.workgroups_per_cu, tuple(occ.bound_by), nloop, loop_prof, fixed)
@@ -453,8 +470,7 @@ def _grid_per_cu(wgs: int, hwc: _hw.Hardware) -> int:
 
 def predict(*, shape: DecodeShape, hw, per_tile: Dict[str, float], fixed: Dict[str, float],
             main: KernelCode, waves_per_workgroup: int = 4, m_groups: int = 1, partitions: int = 1,
-            reduce: Optional[KernelCode] = None, static_loop_per_tile: Optional[float] = None,
-            hot_cache: bool = False) -> Prediction:
+            reduce: Optional[KernelCode] = None, hot_cache: bool = False) -> Prediction:
     """The model proper, on already gathered facts (see the module docstring)."""
     hwc = _hw.hardware(hw)
     clk = hwc.clock_hz
@@ -492,13 +508,6 @@ def predict(*, shape: DecodeShape, hw, per_tile: Dict[str, float], fixed: Dict[s
     simd_busy = max(simd.values())
     lds_cu = per_tile.get("lds_bytes", 0.0) / hwc.lds_bytes_per_clk + per_tile.get("lds_conflict_cycles", 0.0)
     ta_cu = per_tile.get("other_segments", 0.0) * 64 / hwc.ta_bytes_per_clk
-    cand = dict(latency=L_tile, issue=R * simd_busy, lds=R * lds_cu, vmem_addresser=R * ta_cu)
-    round_cycles = max(cand.values())
-    round_bound = max(cand, key=cand.get)
-    F = main.fixed.cycles
-    wg_cycles = T * round_cycles + F
-    t_cu = generations * wg_cycles / clk
-
     # memory
     tr = traffic(shape, whole_pages=True)
     hbm_bytes = tr.total
@@ -516,7 +525,35 @@ def predict(*, shape: DecodeShape, hw, per_tile: Dict[str, float], fixed: Dict[s
     t_hbm = hbm_bytes / bw + partial_bytes / hwc.mall_bytes_per_s
     t_l2 = extra_l2 / hwc.l2_bytes_per_s
     t_mem = t_hbm + t_l2
-    t_main = max(t_cu, t_mem)
+
+    # Loaded latency: the latency the walk assumed (``mem_latency_cycles``, unloaded) grows as
+    # HBM fills up, lat = lat0 / (1 - u) with u the utilisation of the achievable bandwidth (the
+    # M/M/1 form: ASSUMED, no constant of its own); every s_waitcnt that stalled in the walk
+    # stalls that much longer. u is the fixed point (bisection: the implied u falls as u rises).
+    lat0 = hwc.mem_latency_cycles
+    k_loop = (lp.vm_stalled_waits * scale) if (lp is not None and lp.instructions) else 0.0
+    k_fixed = main.fixed.vm_stalled_waits
+    F0 = main.fixed.cycles
+
+    def evaluate(u):
+        extra = lat0 * u / (1.0 - u)
+        cand = dict(latency=L_tile + extra * k_loop, issue=R * simd_busy, lds=R * lds_cu, vmem_addresser=R * ta_cu)
+        rc = max(cand.values())
+        t_cu_ = generations * (T * rc + F0 + extra * k_fixed) / clk
+        return cand, rc, t_cu_, max(t_cu_, t_mem)
+
+    u_lo, u_hi = 0.0, U_MAX
+    for _ in range(40):
+        u = 0.5 * (u_lo + u_hi)
+        implied = min(U_MAX, t_hbm / evaluate(u)[3]) if t_hbm > 0 else 0.0
+        if implied > u:
+            u_lo = u
+        else:
+            u_hi = u
+    u = u_lo
+    cand, round_cycles, t_cu, t_main = evaluate(u)
+    round_bound = max(cand, key=cand.get)
+    F = F0 + lat0 * u / (1.0 - u) * k_fixed
     launch = hwc.launch_us * 1e-6
     terms = dict(launch=hwc.launch_us, cu=t_cu * 1e6, memory=t_mem * 1e6)
 
@@ -552,7 +589,7 @@ def predict(*, shape: DecodeShape, hw, per_tile: Dict[str, float], fixed: Dict[s
         workgroups=wgs, partitions=partitions, m_groups=m_groups, tiles_per_workgroup=T, per_cu=per_cu,
         resident_workgroups=R, max_resident=r_max, generations=generations, round_cycles=round_cycles,
         round_terms=cand, simd_busy_terms=simd, latency_tile_cycles=L_tile, vm_stall_tile_cycles=L_vm,
-        fixed_cycles=F, hbm_bytes=hbm_bytes, partial_bytes=partial_bytes, l2_extra_bytes=extra_l2,
+        fixed_cycles=F, hbm_utilisation=u, loaded_latency_cycles=lat0 / (1.0 - u), hbm_bytes=hbm_bytes, partial_bytes=partial_bytes, l2_extra_bytes=extra_l2,
         vm_bytes_in_flight_per_wave=inflight, effective_bw=bw, hardware=hwc.to_dict(), clamped=clamped,
     )
     return Prediction(hwc.name, shape.to_dict(), pred_us, floor, bound, terms, details)
@@ -569,7 +606,7 @@ def predict_stage(stage: str, shape: DecodeShape, gpu: str = "mi300x", *, sample
     arch = hwc.arch
     if sample is None:
         sample = sample_stage(stage, shape, arch)
-    main = kernel_code(sample.main_asm, hw=hwc)
+    main = kernel_code(sample.main_asm, hw=hwc, vmem_segments=vmem_segments(sample.per_tile))
     reduce = kernel_code(sample.reduce_asm, sample.reduce_kernel, hw=hwc, cached=True) if sample.reduce_asm else None
     if partitions is None:
         partitions = _stage_partitions(stage, shape, arch)
@@ -578,6 +615,12 @@ def predict_stage(stage: str, shape: DecodeShape, gpu: str = "mi300x", *, sample
                    partitions=partitions, reduce=reduce, hot_cache=hot_cache)
     pred.details.update(stage=sample.stage, sample=sample.to_dict(), main_kernel=main.to_dict())
     return pred
+
+
+def vmem_segments(per_tile: Dict[str, float]) -> float:
+    """Average 64-byte segments per vector memory instruction in a sample's tile (16 if unknown)."""
+    n = per_tile.get("global", 0.0) + per_tile.get("buffer", 0.0)
+    return per_tile.get("other_segments", 0.0) / n if n and per_tile.get("other_segments") else 16.0
 
 
 def _stage_partitions(stage: str, shape: DecodeShape, arch: str) -> int:
