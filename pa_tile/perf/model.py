@@ -359,9 +359,42 @@ def _accepts(fn, name: str) -> bool:
         return False
 
 
+#: bytes of an L2 cache line on CDNA3/CDNA4 ([CDNA3-WP]: 128-byte lines); the vector-memory
+#: addresser is charged per distinct line a wave instruction touches (``line_trace``)
+LINE = 128
+
+
+def line_trace(arch: str):
+    """A ``pa_tile.emu.memory.Trace`` that also counts, for vector loads/stores, the distinct
+    128-byte lines each wave instruction touches (``trace.lines``): the coalescing figure the
+    model charges the addresser for (64-byte segments do not see a lane stride of 64-128 bytes)."""
+    import numpy as np
+
+    from ..emu.memory import Trace
+
+    class LineTrace(Trace):
+        def __init__(self, arch):
+            super().__init__(arch)
+            self.lines = 0
+            self.vector_accesses = 0
+
+        def global_access(self, mnemonic, line, addrs, mask, nbytes, *, kind="global", write=False, wave=None):
+            super().global_access(mnemonic, line, addrs, mask, nbytes, kind=kind, write=write, wave=wave)
+            if kind == "scalar" or not self._on(wave):
+                return
+            m = np.asarray(mask, dtype=bool)
+            if not m.any():
+                return
+            a = np.asarray(addrs, dtype=np.uint64)[m]
+            first, last = a // LINE, (a + np.uint64(max(1, nbytes) - 1)) // LINE
+            self.lines += int(np.unique(np.concatenate([first, last])).size)
+            self.vector_accesses += 1
+
+    return LineTrace(arch)
+
+
 def _emulate(ad, shape: DecodeShape, arch: str, context: int, partitions: Optional[int], seed: int):
     from ..emu import launch
-    from ..emu.memory import Trace
     from . import checks
 
     case = ad.make_case(_sample_shape(shape, context), arch, seed=seed)
@@ -369,7 +402,7 @@ def _emulate(ad, shape: DecodeShape, arch: str, context: int, partitions: Option
     kw = dict(arch=arch)
     if partitions is not None and _accepts(ad.module.paged_decode, "num_partitions"):
         kw["num_partitions"] = partitions
-    trace = Trace(arch)
+    trace = line_trace(arch)
     with launch.record_launches() as log, launch.launch_options(trace=trace):
         out = ad.module.paged_decode(**inputs, **kw)
     ok = checks.compare(out, checks.reference_output(case), ad.tolerance).ok
@@ -378,7 +411,7 @@ def _emulate(ad, shape: DecodeShape, arch: str, context: int, partitions: Option
         f = _family(mn)
         fam[f] = fam.get(f, 0) + c
     kv = dict(bytes=0.0, segments=0.0)
-    other = dict(bytes=0.0, segments=0.0, store_bytes=0.0)
+    other = dict(bytes=0.0, segments=0.0, store_bytes=0.0, lines=float(trace.lines))
     lds = dict(bytes=0.0, conflict_cycles=0.0)
     for r in trace.summary():
         if r["space"] in ("global", "buffer"):
@@ -507,7 +540,7 @@ def predict(*, shape: DecodeShape, hw, per_tile: Dict[str, float], fixed: Dict[s
     )
     simd_busy = max(simd.values())
     lds_cu = per_tile.get("lds_bytes", 0.0) / hwc.lds_bytes_per_clk + per_tile.get("lds_conflict_cycles", 0.0)
-    ta_cu = per_tile.get("other_segments", 0.0) * 64 / hwc.ta_bytes_per_clk
+    ta_cu = vmem_segments(per_tile) * (fam["global"] + fam["buffer"]) * W * 64 / hwc.ta_bytes_per_clk
     # memory
     tr = traffic(shape, whole_pages=True)
     hbm_bytes = tr.total
@@ -618,9 +651,15 @@ def predict_stage(stage: str, shape: DecodeShape, gpu: str = "mi300x", *, sample
 
 
 def vmem_segments(per_tile: Dict[str, float]) -> float:
-    """Average 64-byte segments per vector memory instruction in a sample's tile (16 if unknown)."""
+    """Addresser cost of an average vector memory instruction in a sample's tile, in 64-byte
+    segment-clocks: 2 per distinct 128-byte line touched (``line_trace``), else the 64-byte
+    segments the trace counts, else 16 (a coalesced wave64 dwordx4)."""
     n = per_tile.get("global", 0.0) + per_tile.get("buffer", 0.0)
-    return per_tile.get("other_segments", 0.0) / n if n and per_tile.get("other_segments") else 16.0
+    if not n:
+        return 16.0
+    if per_tile.get("other_lines"):
+        return 2.0 * per_tile["other_lines"] / n
+    return per_tile["other_segments"] / n if per_tile.get("other_segments") else 16.0
 
 
 def _stage_partitions(stage: str, shape: DecodeShape, arch: str) -> int:
