@@ -377,6 +377,42 @@ def cmd_overhead(args) -> int:
 
 
 # ---------------------------------------------------------------------------------------------
+# predict (the timing model, pa_tile.perf.model)
+
+
+def _add_predict_parser(sub) -> None:
+    s = sub.add_parser("predict", help="PREDICTED kernel time on MI300X / MI355X from the timing model "
+                                       "(compiled code + an emulated sample), with the HBM floor",
+                       description="Predict one stage's kernel time at a problem shape with pa_tile.perf.model: "
+                                   "it emulates one sequence of one KV head at two short contexts, walks the "
+                                   "compiled code, and combines occupancy, issue, waitcnt latency, LDS, grid "
+                                   "waves, HBM and the reduce kernel. A model, not a measurement (its validation: "
+                                   "pa_tile/data/model_validation.md). Last line: predicted_us=<float> floor_us=<float>.")
+    s.add_argument("--stage", metavar="NAME", required=True, help=_stage_help())
+    s.add_argument("--gpu", choices=["mi300x", "mi355x"], default="mi300x", help="default mi300x")
+    _add_shape(s)
+    s.add_argument("--partitions", type=_pos_int, help="split-K count (default: the stage's own choice)")
+    s.add_argument("--json", action="store_true", help="print the prediction as JSON before the last line")
+    s.set_defaults(func=cmd_predict)
+
+
+def cmd_predict(args) -> int:
+    from . import backend
+    from .perf import adapters, model
+
+    backend.set_backend("emu")  # the sample runs in the emulator
+    ad = adapters.get(_check_stage(args.stage))
+    shape = _shape(args, ad.default_shape())
+    pred = model.predict_stage(ad.name, shape, args.gpu, partitions=args.partitions)
+    if args.json:
+        print(json.dumps(pred.to_dict(), indent=1, default=str))
+        print(f"predicted_us={pred.predicted_us:.3f} floor_us={pred.floor_us:.3f}")
+    else:
+        print(model.format_prediction(pred))
+    return EXIT_OK
+
+
+# ---------------------------------------------------------------------------------------------
 # parser
 
 
@@ -519,6 +555,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--repeats", type=_pos_int, default=5, help="samples (the median is reported)")
     s.add_argument("--json", action="store_true", help="print JSON instead of a report")
     s.set_defaults(func=cmd_overhead)
+    _add_predict_parser(sub)
     return p
 
 

@@ -1,0 +1,696 @@
+"""A timing model of a paged-decode launch on MI300X / MI355X, from its compiled code and an
+emulator trace of a sample of its workgroups. A MODEL, not a measurement: every figure it prints
+is labelled predicted; ``pa_tile/data/model_validation.md`` says how far it is from hardware.
+
+What goes in
+------------
+* the compiled code (``pa_tile.isa``): registers and LDS -> resident workgroups per CU; the main
+  loop's instruction stream, walked in order by :func:`wave_profile` to get the *single-wave*
+  cycles of one iteration: issue (one instruction per wave per 4-cycle SIMD visit, VALU 4 cycles,
+  transcendentals 16, MFMA busy ``mfma_cycles``, ``s_nop N`` N+1 idle) plus the stalls its
+  ``s_waitcnt vmcnt/lgkmcnt`` take when a load has not returned (``mem_latency_cycles`` after
+  issue for vector memory, in order; LDS and SMEM on lgkmcnt). Loads issued in one iteration and
+  waited for in the next (prefetch) hide their latency behind a whole iteration: the walk runs
+  the body three times and keeps the third.
+* an emulator run of ONE sequence x ONE KV head at two short contexts (whole 256-token tiles,
+  ``num_partitions=1``), differenced like ``stage_metrics`` does: per tile and per workgroup the
+  dynamic instruction count by family, bytes and 64-byte segments of K/V (coalescing), LDS bytes
+  and bank-conflict cycles; what is left over is the workgroup's fixed cost (prologue/epilogue).
+
+How it combines them (per CU, steady state)
+-------------------------------------------
+With ``R`` workgroups resident on a CU (one wave of each on each SIMD) one *round* (every resident
+workgroup does one tile) takes::
+
+    round = max(L_tile,                    # one wave's latency-bound tile time (walk above)
+                R * simd_busy,             # issue slots: VALU+MFMA issue, matrix core, scalar, LDS, VMEM
+                R * lds_cycles,            # LDS bandwidth (128 B/clk/CU CDNA3) + conflict cycles (emulator)
+                R * ta_cycles)             # vL1D addresser: one 64-byte segment per clock (coalescing)
+
+A workgroup of ``T`` tiles takes ``T * round + F`` (``F``: its walked prologue+epilogue). The
+grid (batch x KV heads x M-groups x partitions) is dealt round-robin over the XCDs, then over each
+XCD's CUs; the busiest CU runs ``ceil(n / R_max)`` generations of at most ``R_max`` workgroups.
+Memory: HBM bytes (K/V of every page touched, scales, query, output, block tables; split-K
+partials written and read back at Infinity Cache bandwidth, they fit in its 256 MB) over
+``hbm_efficiency x peak``; bytes *requested* beyond the unique ones (M-groups re-reading K/V)
+go at L2 bandwidth. Memory latency is loaded: ``mem_latency_cycles / (1 - u)`` with ``u`` the HBM utilisation the
+prediction itself implies (a fixed point), so a kernel whose waits stalled in the walk slows down
+as the memory system fills. Kernel time = max(CU time, memory time) + ``launch_us``; a split-K launch adds
+the reduce kernel the same way (its walk x partitions, its bytes) plus another ``launch_us``.
+The HBM floor (``roofline.time_floor``, peak bandwidth) is never beaten: the prediction is
+clamped to it, and the clamp is reported if it ever binds.
+
+Constants: ``pa_tile.perf.hw`` (each cited; the three FITTED ones named there).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import math
+import re
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from . import hw as _hw
+from .roofline import DecodeShape, time_floor, traffic
+
+__all__ = [
+    "WaveProfile",
+    "KernelCode",
+    "Sample",
+    "Prediction",
+    "wave_profile",
+    "kernel_code",
+    "sample_stage",
+    "predict",
+    "predict_stage",
+    "format_prediction",
+    "vmem_segments",
+]
+
+TILE = 256
+#: the highest HBM utilisation the loaded-latency fixed point may reach (lat0 / (1 - u) stays finite)
+U_MAX = 0.95
+_TRANS = ("v_exp_", "v_log_", "v_rcp_", "v_sqrt_", "v_rsq_", "v_sin_", "v_cos_")
+_WAIT = re.compile(r"(vmcnt|lgkmcnt|expcnt)\((\d+)\)")
+_WIDTH_BYTES = {"byte": 1, "sbyte": 1, "ubyte": 1, "short": 2, "ushort": 2, "sshort": 2, "dword": 4,
+                "dwordx2": 8, "dwordx3": 12, "dwordx4": 16, "b32": 4, "b64": 8, "b96": 12, "b128": 16,
+                "u8": 1, "i8": 1, "u16": 2, "i16": 2, "b8": 1, "b16": 2}
+
+
+# ---------------------------------------------------------------------------------------------
+# the instruction walk
+
+
+@dataclasses.dataclass
+class WaveProfile:
+    """One straight walk of an instruction range by a wave alone on its SIMD (cycles)."""
+
+    cycles: float = 0.0          # wall time of the range for this wave
+    issue_cycles: float = 0.0    # of which: issue and pipeline occupancy (no memory waits)
+    vm_stall: float = 0.0        # waited in s_waitcnt vmcnt
+    vm_stalled_waits: int = 0    # s_waitcnt vmcnt that waited at all (each grows 1:1 with latency)
+    lgkm_stall: float = 0.0      # waited in s_waitcnt lgkmcnt
+    nop_cycles: float = 0.0      # s_nop (hazard) idle cycles
+    instructions: int = 0
+    trans: int = 0
+    valu: int = 0
+    mfma: int = 0
+    scalar: int = 0
+    ds: int = 0
+    vmem: int = 0
+    max_vm_bytes_in_flight: int = 0
+
+    def to_dict(self) -> Dict:
+        return dataclasses.asdict(self)
+
+
+def _mem_bytes(mn: str) -> int:
+    """Bytes one wave64 moves with a vector memory / LDS instruction (64 lanes x width)."""
+    tail = mn.rsplit("_", 1)[-1]
+    n = _WIDTH_BYTES.get(tail, 4)
+    if re.match(r"^ds_(read|write|load|store)2", mn):
+        n *= 2
+    return 64 * n
+
+
+def _family(mn: str) -> str:
+    from ..isa import instruction_family
+
+    return instruction_family(mn)
+
+
+class _Walker:
+    """State of the walk: clock, per-unit free times, outstanding counter queues."""
+
+    def __init__(self, hw: _hw.Hardware, vmem_segments: float = 16.0, ta_share: int = 4):
+        self.hw = hw
+        self.t = 0.0
+        self.free = {"valu": 0.0, "mfma": 0.0, "lds": 0.0, "ta": 0.0}
+        # the CU's vector-memory addresser serves one 64-byte segment per clock ([ROCPROF]); a
+        # load of ``vmem_segments`` segments, issued alike by the ``ta_share`` waves of the
+        # workgroup, holds it that many times: an uncoalesced load returns that much later
+        self.ta_cycles = vmem_segments * 64.0 / hw.ta_bytes_per_clk * ta_share
+        self.vm: List[Tuple[float, int]] = []    # (completion time, bytes) in issue order
+        self.lgkm: List[float] = []
+
+    def step(self, mn: str, ops: str, prof: WaveProfile) -> None:
+        hw = self.hw
+        fam = _family(mn)
+        start = self.t
+        prof.instructions += 1
+        if mn == "s_nop":
+            m = re.match(r"\s*(0x[0-9a-f]+|\d+)", ops or "0")
+            n = int(m.group(1), 0) + 1 if m else 1
+            self.t += n
+            prof.nop_cycles += n
+            prof.issue_cycles += n
+            return
+        if fam == "waitcnt":
+            before = self.t
+            for cnt, val in _WAIT.findall(ops or ""):
+                val = int(val)
+                if cnt == "vmcnt":
+                    while len(self.vm) > val:
+                        done, _ = self.vm.pop(0)
+                        self.t = max(self.t, done)
+                elif cnt == "lgkmcnt":
+                    while len(self.lgkm) > val:
+                        done = self.lgkm.pop(0)
+                        self.t = max(self.t, done)
+            # account the stall to the counter(s) named
+            stall = self.t - before
+            if "vmcnt" in (ops or ""):
+                prof.vm_stall += stall
+                # every wait that stalled at all grows 1:1 with the loaded latency. With a fixed
+                # latency only the first of a chain vmcnt(N), vmcnt(N-1), ... on loads issued
+                # together would; real HBM latency varies load to load, and counting only waits
+                # that stall > 1/4 latency predicted the held-out pr-825 points far worse (5/22
+                # within 15% instead of 14/22, model_validation.md), so the model keeps this form
+                prof.vm_stalled_waits += int(stall > 0)
+            else:
+                prof.lgkm_stall += stall
+            self.t += 1
+            prof.issue_cycles += 1
+            prof.scalar += 1
+            return
+        issue = self.t
+        if fam == "mfma":
+            issue = max(issue, self.free["mfma"])
+            self.free["mfma"] = issue + hw.mfma_cycles
+            self.free["valu"] = max(self.free["valu"], issue + hw.valu_cycles)
+            prof.mfma += 1
+        elif fam == "valu":
+            busy = hw.trans_cycles if mn.startswith(_TRANS) else hw.valu_cycles
+            issue = max(issue, self.free["valu"])
+            self.free["valu"] = issue + busy
+            prof.valu += 1
+            prof.trans += int(mn.startswith(_TRANS))
+        elif fam == "ds":
+            nb = _mem_bytes(mn) if not mn.startswith(("ds_bpermute", "ds_permute", "ds_swizzle")) else 256
+            busy = nb / hw.lds_bytes_per_clk
+            issue = max(issue, self.free["lds"])
+            self.free["lds"] = issue + busy
+            self.lgkm.append(issue + hw.lds_latency_cycles + busy)
+            prof.ds += 1
+        elif fam in ("global", "buffer"):
+            nb = _mem_bytes(mn)
+            ta_start = max(issue, self.free["ta"])
+            self.free["ta"] = ta_start + self.ta_cycles
+            self.vm.append((self.free["ta"] + hw.mem_latency_cycles, nb))
+            prof.vmem += 1
+            prof.max_vm_bytes_in_flight = max(prof.max_vm_bytes_in_flight, sum(b for _, b in self.vm))
+        elif fam == "smem":
+            self.lgkm.append(issue + hw.smem_latency_cycles)
+            prof.scalar += 1
+        else:
+            prof.scalar += 1
+        self.t = issue + hw.issue_interval
+        prof.issue_cycles += self.t - start
+
+
+def _walk(walker: _Walker, instrs: Sequence[Tuple[str, str]]) -> WaveProfile:
+    prof = WaveProfile()
+    t0 = walker.t
+    for mn, ops in instrs:
+        walker.step(mn, ops, prof)
+    prof.cycles = walker.t - t0
+    return prof
+
+
+def _kernel_lines(text: str, kernel: str) -> List[Tuple[int, str, str]]:
+    """(line number, mnemonic, operands) of ``kernel``'s instructions (label to .Lfunc_end)."""
+    out: List[Tuple[int, str, str]] = []
+    inside = False
+    for n, raw in enumerate(text.splitlines(), 1):
+        line = raw.split(";", 1)[0].strip()
+        if not inside:
+            if line == f"{kernel}:":
+                inside = True
+            continue
+        if line.startswith(".Lfunc_end") or line.startswith(".size"):
+            break
+        if not line or line.startswith(".") or line.endswith(":"):
+            continue
+        parts = line.split(None, 1)
+        out.append((n, parts[0].lower(), parts[1] if len(parts) > 1 else ""))
+    # drop trailing s_nop padding after s_endpgm
+    while out and out[-1][1] in ("s_nop", "s_code_end"):
+        out.pop()
+    return out
+
+
+def wave_profile(instrs: Sequence[Tuple[str, str]], hw, *, repeat: int = 1,
+                 before: Sequence[Tuple[str, str]] = (), vmem_segments: float = 16.0) -> WaveProfile:
+    """Walk ``before`` once, then ``instrs`` ``repeat`` times; the profile of the last repeat.
+    ``vmem_segments``: 64-byte segments per vector load (16: a coalesced wave64 dwordx4)."""
+    w = _Walker(_hw.hardware(hw), vmem_segments)
+    _walk(w, before)
+    prof = WaveProfile()
+    for _ in range(max(1, repeat)):
+        prof = _walk(w, instrs)
+    return prof
+
+
+# ---------------------------------------------------------------------------------------------
+# static facts of one kernel
+
+
+@dataclasses.dataclass
+class KernelCode:
+    kernel: str
+    arch: str
+    vgpr_unified: int
+    lds_bytes: int
+    waves_per_workgroup: int
+    workgroups_per_cu: int
+    occupancy_bound: Tuple[str, ...]
+    loop_static_instructions: int
+    loop: Optional[WaveProfile]     # one iteration, steady state (third of three)
+    fixed: WaveProfile              # everything outside the main loop, walked once
+
+    def to_dict(self) -> Dict:
+        d = dataclasses.asdict(self)
+        d["occupancy_bound"] = list(self.occupancy_bound)
+        return d
+
+
+def kernel_code(asm_text: str, kernel: Optional[str] = None, *, hw="mi300x", cached: bool = False,
+                vmem_segments: float = 16.0) -> KernelCode:
+    """Occupancy and the walked main loop / fixed part of one kernel in ``asm_text``.
+
+    ``cached``: its global loads hit in L2 / Infinity Cache (``cache_latency_cycles``), as the
+    reduce kernel's re-reads of partials just written do. ``vmem_segments``: 64-byte segments an
+    average vector load touches (the emulator's coalescing figure; 16 = a perfectly coalesced
+    dwordx4 of 64 lanes)."""
+    from .. import isa
+
+    hwc = _hw.hardware(hw)
+    if cached:
+        hwc = dataclasses.replace(hwc, mem_latency_cycles=hwc.cache_latency_cycles)
+    names = isa.kernel_names(asm_text)
+    name = kernel or names[0]
+    stats = isa.IsaStats.from_asm(asm_text, kernel=name)
+    occ = isa.occupancy(stats, hwc.arch)
+    lines = _kernel_lines(asm_text, name)
+    lp = stats.main_loop
+    loop_prof = None
+    if lp is not None:
+        body = [(m, o) for n, m, o in lines if lp.start_line <= n <= lp.end_line]
+        pre = [(m, o) for n, m, o in lines if n < lp.start_line]
+        post = [(m, o) for n, m, o in lines if n > lp.end_line]
+        w = _Walker(hwc, vmem_segments)
+        p_pre = _walk(w, pre)
+        for _ in range(3):
+            loop_prof = _walk(w, body)
+        p_post = _walk(w, post)
+        fixed = _merge(p_pre, p_post)
+        nloop = len(body)
+    else:
+        fixed = _walk(_Walker(hwc, vmem_segments), [(m, o) for _, m, o in lines])
+        nloop = 0
+    return KernelCode(name, hwc.arch, stats.vgpr_unified, stats.lds_bytes, occ.waves_per_workgroup,
+                      occ.workgroups_per_cu, tuple(occ.bound_by), nloop, loop_prof, fixed)
+
+
+def _merge(a: WaveProfile, b: WaveProfile) -> WaveProfile:
+    out = WaveProfile()
+    for f in dataclasses.fields(WaveProfile):
+        if f.name == "max_vm_bytes_in_flight":
+            setattr(out, f.name, max(a.max_vm_bytes_in_flight, b.max_vm_bytes_in_flight))
+        else:
+            setattr(out, f.name, getattr(a, f.name) + getattr(b, f.name))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# the emulator sample
+
+
+@dataclasses.dataclass
+class Sample:
+    """Per-tile and per-workgroup dynamic figures of one stage at one configuration (emulated)."""
+
+    stage: str
+    arch: str
+    config: Dict                       # group, head_dim, block_size, query_length, scales
+    contexts: Tuple[int, int]
+    m_groups: int                      # workgroups per (sequence, KV head) along grid y
+    waves_per_workgroup: int
+    per_tile: Dict[str, float]         # per workgroup per tile: families, bytes, segments, lds
+    fixed: Dict[str, float]            # per workgroup, outside the tiles
+    main_asm: str = dataclasses.field(repr=False, default="")
+    reduce_asm: str = dataclasses.field(repr=False, default="")
+    reduce_kernel: Optional[str] = None
+    checks_ok: bool = True
+
+    def to_dict(self) -> Dict:
+        d = dataclasses.asdict(self)
+        d.pop("main_asm")
+        d.pop("reduce_asm")
+        return d
+
+
+def _sample_shape(shape: DecodeShape, context: int) -> DecodeShape:
+    return DecodeShape(batch=1, context=(context,), num_q_heads=shape.group, num_kv_heads=1,
+                       head_dim=shape.head_dim, block_size=shape.block_size, query_length=shape.query_length,
+                       scales=shape.scales, query_bytes=shape.query_bytes, out_bytes=shape.out_bytes)
+
+
+def _accepts(fn, name: str) -> bool:
+    try:
+        return name in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+#: bytes of an L2 cache line on CDNA3/CDNA4 ([CDNA3-WP]: 128-byte lines); the vector-memory
+#: addresser is charged per distinct line a wave instruction touches (``line_trace``)
+LINE = 128
+
+
+def line_trace(arch: str):
+    """A ``pa_tile.emu.memory.Trace`` that also counts, for vector loads/stores, the distinct
+    128-byte lines each wave instruction touches (``trace.lines``): the coalescing figure the
+    model charges the addresser for (64-byte segments do not see a lane stride of 64-128 bytes)."""
+    import numpy as np
+
+    from ..emu.memory import Trace
+
+    class LineTrace(Trace):
+        def __init__(self, arch):
+            super().__init__(arch)
+            self.lines = 0
+            self.vector_accesses = 0
+
+        def global_access(self, mnemonic, line, addrs, mask, nbytes, *, kind="global", write=False, wave=None):
+            super().global_access(mnemonic, line, addrs, mask, nbytes, kind=kind, write=write, wave=wave)
+            if kind == "scalar" or not self._on(wave):
+                return
+            m = np.asarray(mask, dtype=bool)
+            if not m.any():
+                return
+            a = np.asarray(addrs, dtype=np.uint64)[m]
+            first, last = a // LINE, (a + np.uint64(max(1, nbytes) - 1)) // LINE
+            self.lines += int(np.unique(np.concatenate([first, last])).size)
+            self.vector_accesses += 1
+
+    return LineTrace(arch)
+
+
+def _emulate(ad, shape: DecodeShape, arch: str, context: int, partitions: Optional[int], seed: int):
+    from ..emu import launch
+    from . import checks
+
+    case = ad.make_case(_sample_shape(shape, context), arch, seed=seed)
+    inputs = ad.inputs(case)
+    kw = dict(arch=arch)
+    if partitions is not None and _accepts(ad.module.paged_decode, "num_partitions"):
+        kw["num_partitions"] = partitions
+    trace = line_trace(arch)
+    with launch.record_launches() as log, launch.launch_options(trace=trace):
+        out = ad.module.paged_decode(**inputs, **kw)
+    ok = checks.compare(out, checks.reference_output(case), ad.tolerance).ok
+    fam: Dict[str, float] = {}
+    for mn, c in trace.counts.items():
+        f = _family(mn)
+        fam[f] = fam.get(f, 0) + c
+    kv = dict(bytes=0.0, segments=0.0)
+    other = dict(bytes=0.0, segments=0.0, store_bytes=0.0, lines=float(trace.lines))
+    lds = dict(bytes=0.0, conflict_cycles=0.0)
+    for r in trace.summary():
+        if r["space"] in ("global", "buffer"):
+            store = "_store" in r["mnemonic"]
+            if store:
+                other["store_bytes"] += r["bytes"]
+            other["bytes"] += r["bytes"]
+            other["segments"] += r["segments"]
+        elif r["space"] == "lds":
+            lds["bytes"] += r["bytes"]
+            lds["conflict_cycles"] += r["conflict_cycles"]
+    launches = [(lg.kernel, lg.grid, lg.asm) for lg in log]
+    return dict(families=fam, other=other, lds=lds, ok=ok, launches=launches)
+
+
+def sample_stage(stage: str, shape: DecodeShape, arch: str = "gfx942", *, contexts: Tuple[int, int] = (512, 1024),
+                 seed: int = 0) -> Sample:
+    """Emulate ``stage`` at two short contexts (one sequence, one KV head, the shape's group,
+    head_dim, page size, query length and scales; no split) and difference the runs."""
+    from .. import backend
+    from . import adapters
+
+    if backend.current_backend() != "emu":
+        raise RuntimeError("sample_stage needs the emulator backend (PA_TILE_BACKEND=emu or pa_tile.set_backend('emu'))")
+    backend.ensure_backend()
+    lo, hi = contexts
+    if lo % TILE or hi % TILE or hi <= lo:
+        raise ValueError(f"contexts: expected two increasing multiples of {TILE}, got {contexts}")
+    ad = adapters.get(stage)
+    a = _emulate(ad, shape, arch, lo, 1, seed)
+    b = _emulate(ad, shape, arch, hi, 1, seed)
+    main_kernel, grid, main_asm = b["launches"][0]
+    wgs = grid[0] * grid[1] * grid[2]
+    m_groups = max(1, grid[1])  # one sequence, one KV head: grid y = KV heads x M-groups
+    tiles = (hi - lo) // TILE
+    per_tile: Dict[str, float] = {}
+    fixed: Dict[str, float] = {}
+    for f in set(a["families"]) | set(b["families"]):
+        da, db = a["families"].get(f, 0), b["families"].get(f, 0)
+        per_tile[f] = (db - da) / tiles / wgs
+        fixed[f] = max(0.0, da / wgs - per_tile[f] * (lo // TILE))
+    for part in ("other", "lds"):
+        for k in b[part]:
+            per_tile[f"{part}_{k}"] = (b[part][k] - a[part][k]) / tiles / wgs
+            fixed[f"{part}_{k}"] = max(0.0, a[part][k] / wgs - per_tile[f"{part}_{k}"] * (lo // TILE))
+    # the reduce kernel: compile a split launch (nothing heavy runs: one short emulated call)
+    reduce_asm, reduce_kernel = "", None
+    if _accepts(ad.module.paged_decode, "num_partitions"):
+        try:
+            c = _emulate(ad, shape, arch, hi, 2, seed)
+            if len(c["launches"]) > 1:
+                reduce_kernel, _, reduce_asm = c["launches"][-1]
+        except Exception:  # noqa: BLE001 - a stage without a split simply has no reduce
+            pass
+    from .. import isa
+
+    st = isa.IsaStats.from_asm(main_asm, kernel=main_kernel)
+    wpw = -(-(st.workgroup_size or 256) // 64)
+    return Sample(stage=ad.name, arch=arch,
+                  config=dict(group=shape.group, head_dim=shape.head_dim, block_size=shape.block_size,
+                              query_length=shape.query_length, scales=shape.scales),
+                  contexts=(lo, hi), m_groups=m_groups, waves_per_workgroup=wpw, per_tile=per_tile, fixed=fixed,
+                  main_asm=main_asm, reduce_asm=reduce_asm, reduce_kernel=reduce_kernel,
+                  checks_ok=bool(a["ok"] and b["ok"]))
+
+
+# ---------------------------------------------------------------------------------------------
+# the prediction
+
+
+@dataclasses.dataclass
+class Prediction:
+    gpu: str
+    shape: Dict
+    predicted_us: float
+    floor_us: float
+    bound: str
+    terms_us: Dict[str, float]
+    details: Dict
+
+    def to_dict(self) -> Dict:
+        return dataclasses.asdict(self)
+
+
+def _grid_per_cu(wgs: int, hwc: _hw.Hardware) -> int:
+    per_xcd = -(-wgs // hwc.xcds)
+    return -(-per_xcd // hwc.cus_per_xcd)
+
+
+def predict(*, shape: DecodeShape, hw, per_tile: Dict[str, float], fixed: Dict[str, float],
+            main: KernelCode, waves_per_workgroup: int = 4, m_groups: int = 1, partitions: int = 1,
+            reduce: Optional[KernelCode] = None, hot_cache: bool = False) -> Prediction:
+    """The model proper, on already gathered facts (see the module docstring)."""
+    hwc = _hw.hardware(hw)
+    clk = hwc.clock_hz
+    W = max(1, waves_per_workgroup)
+    tiles_seq = [-(-L // TILE) for L in shape.context_lengths]
+    T = max(-(-t // partitions) for t in tiles_seq)            # tiles of the busiest workgroup
+    wgs = shape.batch * shape.num_kv_heads * m_groups * partitions
+    per_cu = _grid_per_cu(wgs, hwc)
+    r_max = max(1, main.workgroups_per_cu)
+    R = min(r_max, per_cu)
+    generations = -(-per_cu // r_max)
+
+    # per wave per tile, dynamic
+    fam = {k: per_tile.get(k, 0.0) / W for k in ("valu", "mfma", "salu", "smem", "branch", "waitcnt",
+                                                   "barrier", "other", "ds", "global", "buffer")}
+    dyn_wave = sum(fam.values())
+    lp = main.loop
+    if lp is not None and lp.instructions:
+        trans_frac = lp.trans / max(1, lp.valu)
+        scale = dyn_wave / lp.instructions if dyn_wave else 1.0
+        L_tile = lp.cycles * scale
+        L_vm = lp.vm_stall * scale
+        inflight = lp.max_vm_bytes_in_flight
+    else:
+        trans_frac, L_tile, L_vm, inflight = 0.0, 0.0, 0.0, 0
+    iv = hwc.issue_interval
+    valu_busy = fam["valu"] * (hwc.valu_cycles + trans_frac * (hwc.trans_cycles - hwc.valu_cycles))
+    simd = dict(
+        valu_issue=valu_busy + fam["mfma"] * iv,
+        matrix=fam["mfma"] * hwc.mfma_cycles,
+        scalar=(fam["salu"] + fam["smem"] + fam["branch"] + fam["waitcnt"] + fam["barrier"] + fam["other"]) * iv,
+        lds_issue=fam["ds"] * iv,
+        vmem_issue=(fam["global"] + fam["buffer"]) * iv,
+    )
+    simd_busy = max(simd.values())
+    lds_cu = per_tile.get("lds_bytes", 0.0) / hwc.lds_bytes_per_clk + per_tile.get("lds_conflict_cycles", 0.0)
+    ta_cu = vmem_segments(per_tile) * (fam["global"] + fam["buffer"]) * W * 64 / hwc.ta_bytes_per_clk
+    # memory
+    tr = traffic(shape, whole_pages=True)
+    hbm_bytes = tr.total
+    rows = shape.group * shape.query_length
+    partial_bytes = 0
+    if partitions > 1:
+        partial_bytes = shape.batch * shape.num_kv_heads * partitions * rows * (shape.head_dim + 2) * 4
+    requested = per_tile.get("other_bytes", 0.0) * sum(-(-t // partitions) * partitions for t in tiles_seq) \
+        * shape.num_kv_heads * m_groups
+    extra_l2 = max(0.0, requested - tr.kv)
+    kv_ws = tr.kv
+    bw = hwc.hbm_bytes_per_s * hwc.hbm_efficiency
+    if hot_cache and kv_ws <= hwc.infinity_cache_bytes:
+        bw = hwc.mall_bytes_per_s * hwc.hbm_efficiency
+    t_hbm = hbm_bytes / bw + partial_bytes / hwc.mall_bytes_per_s
+    t_l2 = extra_l2 / hwc.l2_bytes_per_s
+    t_mem = t_hbm + t_l2
+
+    # Loaded latency: the latency the walk assumed (``mem_latency_cycles``, unloaded) grows as
+    # HBM fills up, lat = lat0 / (1 - u) with u the utilisation of the achievable bandwidth (the
+    # M/M/1 form: ASSUMED, no constant of its own); every s_waitcnt that stalled in the walk
+    # stalls that much longer. u is the fixed point (bisection: the implied u falls as u rises).
+    lat0 = hwc.mem_latency_cycles
+    k_loop = (lp.vm_stalled_waits * scale) if (lp is not None and lp.instructions) else 0.0
+    k_fixed = main.fixed.vm_stalled_waits
+    F0 = main.fixed.cycles
+
+    def evaluate(u):
+        extra = lat0 * u / (1.0 - u)
+        cand = dict(latency=L_tile + extra * k_loop, issue=R * simd_busy, lds=R * lds_cu, vmem_addresser=R * ta_cu)
+        rc = max(cand.values())
+        t_cu_ = generations * (T * rc + F0 + extra * k_fixed) / clk
+        return cand, rc, t_cu_, max(t_cu_, t_mem)
+
+    u_lo, u_hi = 0.0, U_MAX
+    for _ in range(40):
+        u = 0.5 * (u_lo + u_hi)
+        implied = min(U_MAX, t_hbm / evaluate(u)[3]) if t_hbm > 0 else 0.0
+        if implied > u:
+            u_lo = u
+        else:
+            u_hi = u
+    u = u_lo
+    cand, round_cycles, t_cu, t_main = evaluate(u)
+    round_bound = max(cand, key=cand.get)
+    F = F0 + lat0 * u / (1.0 - u) * k_fixed
+    launch = hwc.launch_us * 1e-6
+    terms = dict(launch=hwc.launch_us, cu=t_cu * 1e6, memory=t_mem * 1e6)
+
+    t_reduce = 0.0
+    if partitions > 1:
+        r_wgs = shape.batch * shape.num_kv_heads * m_groups
+        if reduce is not None:
+            rl = reduce.loop.cycles if reduce.loop is not None else 0.0
+            r_cycles = reduce.fixed.cycles + partitions * rl
+            r_gen = -(-_grid_per_cu(r_wgs, hwc) // max(1, reduce.workgroups_per_cu))
+            r_cu = r_gen * r_cycles / clk
+        else:
+            r_cu = 0.0
+        r_mem = partial_bytes / hwc.mall_bytes_per_s + tr.out / bw
+        t_reduce = launch + max(r_cu, r_mem)
+        terms["reduce"] = t_reduce * 1e6
+    total = launch + t_main + t_reduce
+    floor = time_floor(shape, hwc.name).time_us
+    pred_us = total * 1e6
+    clamped = pred_us < floor
+    pred_us = max(pred_us, floor)
+    if clamped:
+        bound = "hbm floor (clamped)"
+    elif t_mem >= t_cu:
+        bound = "hbm bandwidth" if t_hbm >= t_l2 else "l2 bandwidth"
+    else:
+        bound = {"latency": "memory latency (per-wave)" if L_vm > 0.3 * L_tile else "per-wave issue latency",
+                 "issue": f"issue ({max(simd, key=simd.get)})", "lds": "lds bandwidth",
+                 "vmem_addresser": "vector memory addresser (coalescing)"}[round_bound]
+    if launch + t_reduce > t_main:
+        bound += " + launch/reduce overhead dominant"
+    details = dict(
+        workgroups=wgs, partitions=partitions, m_groups=m_groups, tiles_per_workgroup=T, per_cu=per_cu,
+        resident_workgroups=R, max_resident=r_max, generations=generations, round_cycles=round_cycles,
+        round_terms=cand, simd_busy_terms=simd, latency_tile_cycles=L_tile, vm_stall_tile_cycles=L_vm,
+        fixed_cycles=F, hbm_utilisation=u, loaded_latency_cycles=lat0 / (1.0 - u), hbm_bytes=hbm_bytes, partial_bytes=partial_bytes, l2_extra_bytes=extra_l2,
+        vm_bytes_in_flight_per_wave=inflight, effective_bw=bw, hardware=hwc.to_dict(), clamped=clamped,
+    )
+    return Prediction(hwc.name, shape.to_dict(), pred_us, floor, bound, terms, details)
+
+
+def predict_stage(stage: str, shape: DecodeShape, gpu: str = "mi300x", *, sample: Optional[Sample] = None,
+                  partitions: Optional[int] = None, hw_overrides: Optional[Dict[str, float]] = None,
+                  hot_cache: bool = False) -> Prediction:
+    """Predict ``stage`` at ``shape`` on ``gpu``: emulate a sample (unless given), walk its code,
+    pick the split the stage would pick, combine."""
+    hwc = _hw.hardware(gpu)
+    if hw_overrides:
+        hwc = _hw.with_fitted(hwc, hw_overrides)
+    arch = hwc.arch
+    if sample is None:
+        sample = sample_stage(stage, shape, arch)
+    main = kernel_code(sample.main_asm, hw=hwc, vmem_segments=vmem_segments(sample.per_tile))
+    reduce = kernel_code(sample.reduce_asm, sample.reduce_kernel, hw=hwc, cached=True) if sample.reduce_asm else None
+    if partitions is None:
+        partitions = _stage_partitions(stage, shape, arch)
+    pred = predict(shape=shape, hw=hwc, per_tile=sample.per_tile, fixed=sample.fixed, main=main,
+                   waves_per_workgroup=sample.waves_per_workgroup, m_groups=sample.m_groups,
+                   partitions=partitions, reduce=reduce, hot_cache=hot_cache)
+    pred.details.update(stage=sample.stage, sample=sample.to_dict(), main_kernel=main.to_dict())
+    return pred
+
+
+def vmem_segments(per_tile: Dict[str, float]) -> float:
+    """Addresser cost of an average vector memory instruction in a sample's tile, in 64-byte
+    segment-clocks: 2 per distinct 128-byte line touched (``line_trace``), else the 64-byte
+    segments the trace counts, else 16 (a coalesced wave64 dwordx4)."""
+    n = per_tile.get("global", 0.0) + per_tile.get("buffer", 0.0)
+    if not n:
+        return 16.0
+    if per_tile.get("other_lines"):
+        return 2.0 * per_tile["other_lines"] / n
+    return per_tile["other_segments"] / n if per_tile.get("other_segments") else 16.0
+
+
+def _stage_partitions(stage: str, shape: DecodeShape, arch: str) -> int:
+    from .. import stages
+
+    mod = stages.get(stage)
+    fn = getattr(mod, "choose_num_partitions", None)
+    if fn is None:
+        return 1
+    return int(fn(shape.batch, shape.num_kv_heads, shape.max_context, arch=arch, head_dim=shape.head_dim,
+                  group=shape.group, query_length=shape.query_length))
+
+
+def format_prediction(p: Prediction) -> str:
+    d = p.details
+    lines = [
+        f"PREDICTED (model, not measured) {d.get('stage', '?')} on {p.gpu}: {p.predicted_us:.1f} us",
+        f"HBM floor (roofline, peak bandwidth): {p.floor_us:.1f} us  ->  {p.floor_us / p.predicted_us:.0%} of floor speed",
+        f"bound: {p.bound}",
+        f"grid: {d['workgroups']} workgroups ({d['partitions']} partitions x {d['m_groups']} M-groups), "
+        f"{d['tiles_per_workgroup']} tiles each; {d['per_cu']} per CU on the busiest, "
+        f"{d['resident_workgroups']} resident (max {d['max_resident']}), {d['generations']} generation(s)",
+        f"per tile: round {d['round_cycles']:.0f} cycles = max(" +
+        ", ".join(f"{k} {v:.0f}" for k, v in d['round_terms'].items()) + "); fixed per workgroup "
+        f"{d['fixed_cycles']:.0f} cycles",
+        "terms (us): " + ", ".join(f"{k} {v:.2f}" for k, v in p.terms_us.items()),
+        f"predicted_us={p.predicted_us:.3f} floor_us={p.floor_us:.3f}",
+    ]
+    return "\n".join(lines)

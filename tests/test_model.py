@@ -1,0 +1,141 @@
+"""The timing model (pa_tile.perf.model): behaviour on small synthetic cases, the predict verb's
+output, and the recorded hardware measurements it is validated against."""
+
+import dataclasses
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from pa_tile.perf import hw, model
+from pa_tile.perf.roofline import DecodeShape, time_floor
+
+DATA = Path(__file__).resolve().parents[1] / "pa_tile" / "data" / "pr825_mi300x_timings.json"
+
+
+def _code(loop_cycles=2000.0, vm_stall=800.0, workgroups_per_cu=2, instructions=200):
+    loop = model.WaveProfile(cycles=loop_cycles, issue_cycles=loop_cycles - vm_stall, vm_stall=vm_stall,
+                             instructions=instructions, valu=120, mfma=32, vmem=8, max_vm_bytes_in_flight=8192)
+    fixed = model.WaveProfile(cycles=3000.0, instructions=400)
+    return model.KernelCode("k", "gfx942", 128, 8192, 4, workgroups_per_cu, ("vgpr",), instructions, loop, fixed)
+
+
+PER_TILE = dict(valu=480.0, mfma=128.0, salu=40.0, waitcnt=40.0, branch=8.0, buffer=64.0, ds=16.0,
+                other_bytes=65536.0, other_segments=1024.0, lds_bytes=8192.0, lds_conflict_cycles=0.0)
+
+
+def _predict(shape, gpu=hw.HARDWARE["mi300x"], code=None, partitions=1, per_tile=PER_TILE):
+    return model.predict(shape=shape, hw=gpu, per_tile=per_tile, fixed={}, main=code or _code(),
+                         waves_per_workgroup=4, partitions=partitions)
+
+
+SHAPES = [DecodeShape(batch=b, context=c, num_q_heads=8, num_kv_heads=1, head_dim=128, block_size=16)
+          for b in (1, 16, 128) for c in (256, 4096, 16384)]
+
+
+def test_faster_memory_never_slower():
+    base = hw.HARDWARE["mi300x"]
+    for s in SHAPES:
+        times = [_predict(s, dataclasses.replace(base, hbm_bytes_per_s=bw)).predicted_us for bw in (2e12, 5.3e12, 10e12)]
+        assert times[0] >= times[1] >= times[2], (s.label, times)
+    big = SHAPES[-1]
+    assert _predict(big, dataclasses.replace(base, hbm_bytes_per_s=2e12)).predicted_us > \
+        _predict(big, dataclasses.replace(base, hbm_bytes_per_s=10e12)).predicted_us
+
+
+def test_more_occupancy_never_slower():
+    for s in SHAPES:
+        times = [_predict(s, code=_code(workgroups_per_cu=w)).predicted_us for w in (1, 2, 4, 8)]
+        assert all(a >= b - 1e-9 for a, b in zip(times, times[1:])), (s.label, times)
+
+
+def test_more_traffic_never_faster():
+    for b in (1, 16, 128):
+        times = [_predict(DecodeShape(batch=b, context=c, num_q_heads=8, num_kv_heads=1)).predicted_us
+                 for c in (256, 1024, 4096, 16384)]
+        assert all(a <= b_ + 1e-9 for a, b_ in zip(times, times[1:])), times
+    for c in (1024, 16384):
+        times = [_predict(DecodeShape(batch=b, context=c, num_q_heads=8, num_kv_heads=1)).predicted_us
+                 for b in (1, 8, 64, 256)]
+        assert all(a <= b_ + 1e-9 for a, b_ in zip(times, times[1:])), times
+
+
+def test_longer_latency_never_faster():
+    s = SHAPES[4]
+    times = [_predict(s, code=_code(loop_cycles=c, vm_stall=c / 2)).predicted_us for c in (500, 2000, 8000)]
+    assert times[0] <= times[1] <= times[2]
+
+
+def test_never_below_the_hbm_floor():
+    fast = dataclasses.replace(hw.HARDWARE["mi300x"], hbm_efficiency=1.0, launch_us=0.0)
+    tiny = dict(valu=1.0, other_bytes=1.0, other_segments=1.0)
+    for gpu in (fast, hw.HARDWARE["mi355x"]):
+        for s in SHAPES:
+            p = _predict(s, gpu, code=_code(loop_cycles=1.0, vm_stall=0.0), per_tile=tiny)
+            assert p.predicted_us >= time_floor(s, gpu.name).time_us - 1e-9
+            assert p.floor_us == pytest.approx(time_floor(s, gpu.name).time_us)
+
+
+def test_split_adds_a_reduce_and_a_launch():
+    s = DecodeShape(batch=1, context=16384, num_q_heads=8, num_kv_heads=1)
+    one, four = _predict(s, partitions=1), _predict(s, partitions=4)
+    assert "reduce" in four.terms_us and "reduce" not in one.terms_us
+    assert four.details["workgroups"] == 4 * one.details["workgroups"]
+    assert four.details["tiles_per_workgroup"] == 16  # 64 tiles over 4 partitions
+
+
+def test_waitcnt_walk_hides_latency_behind_work():
+    h = hw.HARDWARE["mi300x"]
+    load = [("buffer_load_dwordx4", "v[0:3], v4, s[0:3], 0 offen")]
+    work = [("v_add_f32_e32", "v5, v5, v6")] * 50
+    wait = [("s_waitcnt", "vmcnt(0)")]
+    exposed = model.wave_profile(load + wait + work, h)
+    hidden = model.wave_profile(load + work + wait, h)
+    ta = 16 * 64 / h.ta_bytes_per_clk * 4  # a coalesced dwordx4, issued by the 4 waves of a workgroup
+    assert exposed.vm_stall == pytest.approx(h.mem_latency_cycles + ta - h.issue_interval)
+    assert hidden.vm_stall == pytest.approx(max(0.0, h.mem_latency_cycles + ta - h.issue_interval - 50 * h.valu_cycles))
+    assert hidden.cycles < exposed.cycles
+    # a load issued one iteration ahead (prefetch) is waited for in the next: steady state hides it
+    pre = model.wave_profile(wait + load + work, h, repeat=3, before=load)
+    assert pre.vm_stall < exposed.vm_stall
+    # an uncoalesced load (64 segments) returns later than a coalesced one
+    assert model.wave_profile(load + wait, h, vmem_segments=64.0).cycles > model.wave_profile(load + wait, h).cycles
+    nop = model.wave_profile([("s_nop", "7")], h)
+    assert nop.cycles == 8 and nop.nop_cycles == 8
+
+
+def test_fitted_constants_are_named_and_only_those_fit():
+    assert set(hw.FITTED) == {"hbm_efficiency", "mem_latency_cycles", "launch_us"}
+    with pytest.raises(ValueError, match="FITTED"):
+        hw.with_fitted(hw.HARDWARE["mi300x"], {"compute_units": 1})
+    assert hw.with_fitted(hw.HARDWARE["mi300x"], {"launch_us": 3.0}).launch_us == 3.0
+    assert hw.hardware("gfx950").name == "MI355X"
+
+
+def test_validation_data_parses_and_every_point_cites_a_commit():
+    data = json.loads(DATA.read_text())
+    assert data["gpu"] == "MI300X"
+    assert data["shape_assumption"]
+    steps = data["steps"]
+    assert len(steps) >= 10
+    sha = re.compile(r"^[0-9a-f]{40}$")
+    for st in steps:
+        assert sha.match(st["quoted_in"]) and sha.match(st["before_version"]) and sha.match(st["after_version"])
+        assert st["quote"].strip() and st["after_us"] > 0 and st["before_us"] > 0
+        DecodeShape(**st["shape"])  # a valid shape
+    points = data["points"]
+    assert points and all(sha.match(p["commit"]) and p["quote"].strip() and p["measured_us"] > 0 for p in points)
+
+
+@pytest.mark.slow
+def test_predict_verb_prints_the_contract_line(capsys):
+    from pa_tile.__main__ import main
+
+    rc = main(["predict", "--stage", "s6", "--gpu", "mi300x", "--batch", "4", "--context", "2048",
+               "--q-heads", "8", "--kv-heads", "1", "--head-dim", "128", "--query-length", "1", "--block-size", "16"])
+    out = capsys.readouterr().out.strip().splitlines()
+    assert rc == 0
+    assert "PREDICTED" in out[0] and any(line.startswith("bound:") for line in out)
+    m = re.fullmatch(r"predicted_us=(\d+\.\d+) floor_us=(\d+\.\d+)", out[-1])
+    assert m and float(m.group(1)) >= float(m.group(2)) > 0
