@@ -18,18 +18,13 @@ import difflib
 import sys
 from pathlib import Path
 
+from pa_tile.stages import STAGES
+
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"
 
-#: notebook stem -> module path (relative to the repository root)
-EXPORTS = {
-    "01_tile_qk": "pa_tile/stages/s1_tile_qk.py",
-    "02_register_softmax": "pa_tile/stages/s2_register_softmax.py",
-    "03_raw_dwordx4_loads": "pa_tile/stages/s3_raw_loads.py",
-    "04_blocked_layouts": "pa_tile/stages/s4_blocked_layouts.py",
-    "05_phase_split_mtp": "pa_tile/stages/s5_phase_split_mtp.py",
-    "06_split_k_and_the_finished_kernel": "pa_tile/stages/s6_split_k.py",
-}
+#: notebook stem -> module path (relative to the repository root), from the one stage registry
+EXPORTS = {nb: module.replace(".", "/") + ".py" for module, nb in STAGES.values()}
 
 HEADER = (
     "# GENERATED from notebooks/{nb}.py by `python -m pa_tile._export`.\n"

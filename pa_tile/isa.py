@@ -545,10 +545,16 @@ class ArchLimits:
     max_workgroups_per_cu: int = 16
 
 
-ARCH_LIMITS: Dict[str, ArchLimits] = {
-    "gfx942": ArchLimits("gfx942", lds_per_cu=64 * 1024, lds_granule=512),
-    "gfx950": ArchLimits("gfx950", lds_per_cu=160 * 1024, lds_granule=1280),
-}
+def _limits_from_arch_facts() -> Dict[str, ArchLimits]:
+    from . import arch as _arch
+
+    return {name: ArchLimits(name, **{f.name: getattr(a, f.name) for f in dataclasses.fields(ArchLimits)
+                                      if f.name != "name"})
+            for name, a in _arch.INFO.items()}
+
+
+#: occupancy limits of each target, from the one home of arch facts (``pa_tile.arch``)
+ARCH_LIMITS: Dict[str, ArchLimits] = _limits_from_arch_facts()
 
 
 @dataclasses.dataclass(frozen=True)

@@ -24,7 +24,7 @@ from typing import Optional, Union
 
 import torch
 
-from pa_tile.cache import FP8_DTYPES, fp8_decode, fp8_format_of
+from pa_tile.fp8 import FP8_DTYPES, fp8_decode, fp8_format_of
 
 __all__ = ["paged_attention_reference"]
 

@@ -1,11 +1,11 @@
-"""`python -m pa_tile.emu.bench`: the stage-2 kernel through FlyDSL's launcher into the emulator."""
+"""`python -m pa_tile.perf.emu_speed`: the stage-2 kernel through FlyDSL's launcher into the emulator."""
 
 import json
 
 import pytest
 
 from pa_tile import backend
-from pa_tile.emu import bench
+from pa_tile.perf import emu_speed as bench
 
 # The full 3 x 8 x 1027 launch takes about a second here; the bound is for slow shared CI.
 FULL_SHAPE_BOUND_S = 30.0

@@ -25,6 +25,7 @@ from typing import Callable, Dict, Optional, Tuple
 
 import torch
 
+from .. import arch as _arch
 from .. import cache
 from .checks import Tolerance
 from .roofline import DecodeShape
@@ -41,7 +42,8 @@ __all__ = [
     "make_case",
 ]
 
-FP8_FORMAT = {"gfx942": "fnuz", "gfx950": "ocp"}
+#: arch -> fp8 flavour (the one home is pa_tile.arch)
+FP8_FORMAT = {a: _arch.fp8_format(a) for a in _arch.ARCHS}
 
 #: Stages quantize the query and the probabilities to fp8 before their MFMAs; the reference
 #: does not. Stages 1 and 2 measured max_rel 0.029-0.046 and rms_rel 0.030-0.038 in the

@@ -1,4 +1,4 @@
-"""How fast the emulator runs a real kernel: ``python -m pa_tile.emu.bench``.
+"""How fast the emulator runs a real kernel: ``python -m pa_tile.perf.emu_speed``.
 
 Launches the stage-2 kernel (``pa_tile.stages.s2_register_softmax.paged_decode``) through
 FlyDSL's normal launcher into the emulator, by default on 3 sequences x 8 query heads (1 KV
@@ -21,8 +21,8 @@ import time
 from dataclasses import asdict, dataclass
 from typing import List, Optional, Sequence
 
-ARCHS = ("gfx942", "gfx950")
-FP8_FORMAT = {"gfx942": "fnuz", "gfx950": "ocp"}
+from pa_tile.arch import ARCHS, fp8_format
+
 HEAD_DIM = 128
 # Stage 2's tolerance against the float32 reference (tests/test_stage2.py explains it: fp8
 # rounding of the query and of the probabilities).
@@ -49,7 +49,7 @@ def make_case(arch: str, num_seqs: int = 3, num_q_heads: int = 8, context: int =
     from pa_tile import cache
 
     return cache.make_case(num_seqs=num_seqs, num_q_heads=num_q_heads, num_kv_heads=1, head_dim=HEAD_DIM,
-                           block_size=block_size, context_lengths=context, fp8_format=FP8_FORMAT[arch],
+                           block_size=block_size, context_lengths=context, fp8_format=fp8_format(arch),
                            scales="per-tensor", seed=seed, query_dtype=torch.float16)
 
 
@@ -61,8 +61,8 @@ def run(arch: str = "gfx942", num_seqs: int = 3, num_q_heads: int = 8, context: 
     from pa_tile import backend
     from pa_tile.stages import s2_register_softmax as s2
 
-    from . import launch
-    from .memory import Trace
+    from pa_tile.emu import launch
+    from pa_tile.emu.memory import Trace
 
     if arch not in ARCHS:
         raise ValueError(f"arch must be one of {ARCHS}, got {arch!r}")
@@ -101,7 +101,7 @@ def run(arch: str = "gfx942", num_seqs: int = 3, num_q_heads: int = 8, context: 
 
 
 def format_results(results: Sequence[BenchResult]) -> str:
-    from .memory import format_table
+    from pa_tile.emu.memory import format_table
 
     rows = [dict(arch=r.arch, shape=r.shape, workgroups=r.workgroups, first_call_s=r.first_call_s,
                  wall_s=r.wall_s, instructions=r.instructions, minstr_per_s=r.instructions_per_s / 1e6,
@@ -110,7 +110,7 @@ def format_results(results: Sequence[BenchResult]) -> str:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m pa_tile.emu.bench", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m pa_tile.perf.emu_speed", description=__doc__.split("\n\n")[0])
     p.add_argument("--arch", nargs="+", choices=ARCHS, default=list(ARCHS))
     p.add_argument("--seqs", type=int, default=3)
     p.add_argument("--heads", type=int, default=8, help="query heads (one KV head)")
