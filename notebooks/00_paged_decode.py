@@ -124,16 +124,9 @@ def decode_bytes(batch, context, kv_heads=8, q_heads=64, head_dim=128, query_len
 
 
 contexts = [129, 512, 2048, 8192, 16384]
-fig, ax = plt.subplots(figsize=(6.5, 3.6))
-for batch in (1, 16, 128):
-    for gpu, bw, style in (("MI300X", HBM["MI300X"], "-"), ("MI355X", HBM["MI355X"], "--")):
-        t = [decode_bytes(batch, c) / bw * 1e6 for c in contexts]
-        ax.loglog(contexts, t, style, marker="o", ms=3, label=f"batch {batch}, {gpu}")
-ax.set_xlabel("context length (tokens)")
-ax.set_ylabel("time floor (µs)")
-ax.set_title("Decode time floor = K/V bytes / HBM bandwidth\n(8 KV heads, 64 q heads, head_dim 128)")
-ax.legend(fontsize=7, ncol=2)
-ax.grid(True, which="both", alpha=0.3)
+floors = {(batch, gpu): [decode_bytes(batch, c) / bw * 1e6 for c in contexts]
+          for batch in (1, 16, 128) for gpu, bw in HBM.items()}
+figures.decode_floor(contexts, floors)
 plt.show()
 
 print(f"batch 128, context 16384: {decode_bytes(128, 16384) / 2**30:.2f} GiB per call -> "

@@ -107,6 +107,8 @@ FX_FP8 = {"fnuz": fx.Float8E4M3FNUZ, "ocp": fx.Float8E4M3FN}
 import matplotlib.pyplot as plt
 import numpy as np
 
+from pa_tile import figures
+
 
 def atom_lanes():
     a = np.zeros((16, 32), int)  # lane owning A[m, k] (B[n, k] is the same picture)
@@ -120,22 +122,8 @@ def atom_lanes():
     return a, c
 
 
-def draw_atom():
-    a, c = atom_lanes()
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.2), gridspec_kw={"width_ratios": [2, 1]})
-    for ax, grid, title, xl in ((axes[0], a, "A[m, k] and B[n, k]: lane (8 fp8 per lane)", "k"),
-                                (axes[1], c, "C[m, n]: lane (4 f32 per lane)", "n")):
-        ax.imshow(grid // 16, cmap="Pastel1", vmin=0, vmax=8)
-        for (i, j), lane in np.ndenumerate(grid):
-            ax.text(j, i, str(lane), ha="center", va="center", fontsize=6)
-        ax.set_title(title)
-        ax.set_xlabel(xl)
-        ax.set_ylabel("m (or n)" if xl == "k" else "m")
-    fig.tight_layout()
-    plt.show()
-
-
-draw_atom()
+figures.mfma_atom(*atom_lanes())
+plt.show()
 
 # %% [markdown]
 # ## One tiled MMA for both products
@@ -167,8 +155,6 @@ def make_tiled_mma(fp8):
 
 
 # %%
-from pa_tile import figures  # noqa: E402
-
 figures.wave_split(TILE_TOKENS, HEAD_DIM)
 plt.show()
 
@@ -581,7 +567,8 @@ def paged_decode(query, key_cache, value_cache, block_tables, context_lengths, k
 # %% [markdown]
 # ## Does it work?
 #
-# Run the compiled kernel (the real gfx942 / gfx950 code, in the emulator on a CPU) on cases
+# Run the compiled kernel (the real gfx942 / gfx950 code, in the emulator on a CPU; on a ROCm GPU
+# the device's own arch only, `backend.runnable_archs()`) on cases
 # with ragged contexts — 1 token, a partial first page, exactly one tile, one token past four
 # tiles — and shuffled pages whose unused block-table entries are `-1` (any stray read faults),
 # and compare with the float32 reference.

@@ -436,6 +436,7 @@ def qk_waits(body):
     return issued, issued - allowed
 
 
+# %%
 rows = []
 asms = {}
 for arch in ARCHS:

@@ -15,7 +15,7 @@ from typing import Dict, Mapping, Optional, Sequence
 
 import numpy as np
 
-__all__ = ["OKABE_ITO", "cache_layouts", "wave_split", "mfma_ownership", "softmax_butterfly",
+__all__ = ["OKABE_ITO", "decode_floor", "cache_layouts", "mfma_atom", "wave_split", "mfma_ownership", "softmax_butterfly",
            "load_segments", "lds_banks", "phase_timeline", "split_k", "roofline", "static_facts",
            "trace_facts"]
 
@@ -55,8 +55,38 @@ def _cmap(colors):
     return ListedColormap(list(colors))
 
 
+def _label_lanes(ax, grid):
+    """One label per lane, on the (rectangular) run of elements it holds, outlined in white."""
+    from matplotlib.patches import Rectangle
+
+    for lane in np.unique(grid):
+        cells = np.argwhere(grid == lane)
+        (i0, j0), (i1, j1) = cells.min(axis=0), cells.max(axis=0)
+        ax.add_patch(Rectangle((j0 - 0.5, i0 - 0.5), j1 - j0 + 1, i1 - i0 + 1, fill=False, edgecolor="white", lw=1))
+        ax.text((j0 + j1) / 2, (i0 + i1) / 2, str(lane), ha="center", va="center", fontsize=FONT)
+
+
 # ---------------------------------------------------------------------------------------------
 # chapter 00
+
+def decode_floor(contexts: Sequence[int], floors: Mapping[tuple, Sequence[float]]):
+    """Log-log decode time floor against context length: ``floors[(batch, gpu)]`` is one time
+    (µs) per context. Colour = batch, line style = GPU."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(WIDTH, 3.6))
+    batches = sorted({b for b, _ in floors})
+    gpus = list(dict.fromkeys(g for _, g in floors))
+    for (b, g), t in floors.items():
+        ax.loglog(contexts, t, ("-", "--", ":")[gpus.index(g) % 3], marker="os^"[gpus.index(g) % 3], ms=3.5,
+                  color=LINE_COLORS[batches.index(b) % len(LINE_COLORS)], label=f"batch {b}, {g}")
+    _style(ax, "Decode time floor = K/V bytes / HBM bandwidth (8 KV heads, 64 q heads, head_dim 128)",
+           "context length (tokens)", "time floor (µs)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=FONT, loc="upper left", bbox_to_anchor=(1.01, 1.0), title="colour: batch; line: GPU",
+              title_fontsize=FONT)
+    fig.tight_layout()
+    return fig
+
 
 def cache_layouts(chunks: Mapping[str, np.ndarray]):
     """Where each (token, channel) byte of one page sits in memory, for each cache layout.
@@ -74,6 +104,8 @@ def cache_layouts(chunks: Mapping[str, np.ndarray]):
             where = np.argwhere(ch == c)
             t, d = where.mean(axis=0)
             tall = np.ptp(where[:, 0]) > np.ptp(where[:, 1])  # a chunk down a column: write along it
+            if not tall:  # one-row chunks: stagger neighbouring rows so their labels do not touch
+                d += (np.ptp(where[:, 1]) + 1) / 4 * (1 if int(t) % 2 else -1)
             ax.text(d, t, str(c), ha="center", va="center", fontsize=FONT, rotation=90 if tall else 0)
         _style(ax, name, "channel d", "token t in page")
     for ax in axes.flat[len(chunks):]:
@@ -87,6 +119,28 @@ def cache_layouts(chunks: Mapping[str, np.ndarray]):
 
 # ---------------------------------------------------------------------------------------------
 # chapter 01
+
+def mfma_atom(a_lanes: np.ndarray, c_lanes: np.ndarray):
+    """The lane holding each element of ``v_mfma_f32_16x16x32_fp8_fp8``'s operands:
+    ``a_lanes[m, k]`` for A (B is the same picture with ``n`` for ``m``), ``c_lanes[m, n]`` for the
+    result C. Colour = lane group ``lane // 16``; the number is the lane, written once on the run
+    of elements it holds (8 consecutive k of one row of A, 4 consecutive rows of one column of C)."""
+    plt = _plt()
+    colors = OKABE_ITO[:4]
+    fig, axes = plt.subplots(1, 2, figsize=(WIDTH, 3.6), gridspec_kw={"width_ratios": [2, 1]})
+    for ax, grid, title, xl, yl in ((axes[0], a_lanes, "A[m, k] and B[n, k]: 8 fp8 per lane", "k", "m (or n)"),
+                                    (axes[1], c_lanes, "C[m, n]: 4 f32 per lane", "n", "m")):
+        ax.imshow(grid // 16, cmap=_cmap(colors), vmin=-0.5, vmax=3.5, alpha=0.55, aspect="auto",
+                  interpolation="nearest")
+        _label_lanes(ax, grid)
+        ax.set_xticks(range(0, grid.shape[1], 4))
+        ax.set_yticks(range(0, grid.shape[0], 4))
+        _style(ax, title, xl, yl)
+    fig.legend(handles=_patches([f"lanes {16 * g}..{16 * g + 15}" for g in range(4)], colors, 0.55),
+               loc="lower center", ncol=4, fontsize=FONT)
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    return fig
+
 
 def wave_split(tile_tokens: int = 256, head_dim: int = 128, waves: int = 4, rows_per_mfma: int = 16):
     """Chapter 1's work split of one tile over a workgroup's waves: wave ``(t % 64) // 16`` owns
@@ -117,7 +171,7 @@ def mfma_ownership(chunk: int = 0, d_chunk: int = 0):
     ``v_mfma_f32_16x16x32_fp8_fp8``: lane ``l`` holds column ``c = l % 16`` (query head ``c``)
     and rows ``4g .. 4g+3`` with ``g = l // 16``. For the scores of token chunk ``a`` row ``r`` is
     wave-token ``16·(r // 4) + 4a + r % 4``; for the output of d-chunk ``j`` it is channel
-    ``16j + r``. The number in a cell is the lane, the colour its group ``g``."""
+    ``16j + r``. The number on a run of 4 rows is the lane holding them, the colour its group ``g``."""
     plt = _plt()
     r = np.arange(16)
     c = np.arange(16)
@@ -129,14 +183,13 @@ def mfma_ownership(chunk: int = 0, d_chunk: int = 0):
               (axes[1], [16 * d_chunk + i for i in r], f"output O, d-chunk j={d_chunk}", "channel d (MFMA row)"))
     for ax, row_names, title, yl in panels:
         ax.imshow(lane // 16, cmap=_cmap(colors), vmin=-0.5, vmax=3.5, alpha=0.55, interpolation="nearest")
-        for (i, j), ln in np.ndenumerate(lane):
-            ax.text(j, i, str(ln), ha="center", va="center", fontsize=FONT - 0.5)
+        _label_lanes(ax, lane)
         ax.set_xticks(c)
         ax.set_yticks(r, [str(v) for v in row_names])
         _style(ax, title, "query head c (MFMA column)", yl)
     fig.legend(handles=_patches([f"g={g}: lanes {16 * g}..{16 * g + 15}" for g in range(4)], colors, 0.55),
                loc="lower center", ncol=4, fontsize=FONT)
-    fig.tight_layout(rect=(0, 0.07, 1, 0.97))
+    fig.tight_layout(rect=(0, 0.08, 1, 0.97))
     return fig
 
 

@@ -46,6 +46,9 @@ def _shapes():
 
 lanes = np.arange(64)
 CASES = {
+    "decode_floor": lambda: figures.decode_floor([129, 2048], {(1, "MI300X"): [1.0, 9.0], (1, "MI355X"): [0.6, 6.0],
+                                                               (16, "MI300X"): [9.0, 90.0]}),
+    "mfma_atom": lambda: figures.mfma_atom(lanes[:32].reshape(2, 16).repeat(8, 0).repeat(2, 1), lanes.reshape(4, 16)),
     "cache_layouts": lambda: figures.cache_layouts(_chunks()),
     "wave_split": lambda: figures.wave_split(),
     "mfma_ownership": lambda: figures.mfma_ownership(chunk=1, d_chunk=2),
