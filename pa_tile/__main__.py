@@ -321,6 +321,12 @@ def cmd_bench(args) -> int:
                         settings=settings, seed=args.seed, out_path=args.out, peak=peak)
     print(bench.format_results(results))
     print(f"results written to {args.out}")
+    bad = bench.failures(results)
+    if bad:
+        print(f"pa_tile bench: {len(bad)} of {len(results['results'])} runs failed their check or errored "
+              f"(first: {bad[0].get('impl')} {bad[0].get('status')}: {(bad[0].get('reason') or '')[:100]})",
+              file=sys.stderr)
+        return EXIT_FAIL
     return EXIT_OK
 
 

@@ -176,3 +176,21 @@ def test_export_check_without_notebooks_refuses(capsys, monkeypatch, tmp_path):
     err = capsys.readouterr()
     assert "cannot run" in err.err and "notebooks" in err.err and "ok" not in err.out
     assert _export.main([]) == 2
+
+
+def test_bench_exits_non_zero_when_a_check_fails(monkeypatch, tmp_path, capsys):
+    """`pa_tile bench` used to exit 0 even when every correctness check failed."""
+    from pa_tile.__main__ import main
+    from pa_tile.perf import bench
+
+    def fake_run(*a, **k):
+        return {"results": [dict(impl="s6", status="ok", reason=None),
+                            dict(impl="s5", status="check_failed", reason="max_rel 0.9 > 0.08")]}
+
+    monkeypatch.setattr(bench, "require_gpu", lambda: None)
+    monkeypatch.setattr(bench, "run", fake_run)
+    monkeypatch.setattr(bench, "format_results", lambda r: "table")
+    assert main(["bench", "--out", str(tmp_path / "b.json")]) == 1
+    assert "1 of 2 runs failed" in capsys.readouterr().err
+    monkeypatch.setattr(bench, "run", lambda *a, **k: {"results": [dict(impl="s6", status="ok")]})
+    assert main(["bench", "--out", str(tmp_path / "b.json")]) == 0

@@ -475,6 +475,12 @@ def _measure(impl: _Impl, case, ref: torch.Tensor, shape: DecodeShape, arch: str
     return rec
 
 
+def failures(results: Dict) -> List[Dict]:
+    """Records of a results dict whose correctness check failed or that errored (not merely
+    unavailable or unsupported here): any makes ``pa_tile bench`` exit non-zero."""
+    return [r for r in results.get("results", []) if r.get("status") in ("check_failed", "error")]
+
+
 def run(stages: Optional[Sequence[str]] = None, shapes: Optional[Iterable[DecodeShape]] = None, *,
         baseline: bool = True, external: bool = True, settings: Settings = Settings(), seed: int = 0,
         out_path: Optional[Union[str, os.PathLike]] = None, peak: Optional[roofline.GpuSpec] = None,
