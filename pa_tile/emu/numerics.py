@@ -915,3 +915,110 @@ def maximum3_f32(a, b, c) -> np.ndarray:
 def minimum3_f32(a, b, c) -> np.ndarray:
     """V_MINIMUM3_F32 (gfx950): ``v_minimum_f32(v_minimum_f32(S0, S1), S2)``."""
     return minimum_f32(minimum_f32(a, b), c)
+
+
+# --------------------------------------------------------------------------------------------
+# IEEE f32 division: V_DIV_SCALE_F32, V_DIV_FMAS_F32, V_DIV_FIXUP_F32 (CDNA3/CDNA4 §12.11)
+# --------------------------------------------------------------------------------------------
+# LLVM lowers an IEEE ``fdiv float`` n / d to
+#   ds = div_scale(d, d, n); ns, vcc = div_scale(n, d, n); r = rcp(ds);
+#   Newton-Raphson refinement of r and of q = ns * r with fma;
+#   q' = div_fmas(err, r, q, vcc); result = div_fixup(q', d, n).
+# div_scale moves operands whose quotient or reciprocal would leave the normal range by 2^+-64
+# (and raises VCC when only one of them moved, so the quotient is off by 2^+-64); div_fmas
+# undoes that in its one rounding; div_fixup supplies the IEEE special cases.
+#
+# Where the guide's pseudo-code cannot be read literally we take the reading that makes the
+# sequence above an IEEE division (and test exactly that, tests/test_emu_div.py):
+# * "1.0 / 64'F(S1) == DENORM.f64" is never true for an f32 S1; it is read as "1/S1 would be an
+#   f32 denormal" (|S1| > 2^126), the case where V_RCP_F32 would flush its result;
+# * V_DIV_FMAS_F32's "2.0F ** 32 * fma(...)" cannot undo a 2^64 scaling; the factor is taken as
+#   2^64 when S2 (the scaled quotient) has exponent > 127 and 2^-64 otherwise, the shape the
+#   guide gives for V_DIV_FMAS_F64 (2^+-128 around exponent 1023);
+# * when both operands would need the same scaling (denormal divisor, tiny dividend) both are
+#   scaled and VCC stays 0; when 1/S1 and S2/S1 would both be denormal only the divisor is
+#   scaled (down) and VCC is set;
+# * V_DIV_FIXUP_F32 returns +-inf for a NaN quotient that is not explained by a NaN input
+#   (an overflowed scaled quotient: inf - inf inside the refinement).
+
+_EXP = np.uint32(0x7F800000)
+_MAN = np.uint32(0x007FFFFF)
+_SIGN = np.uint32(0x80000000)
+
+
+def _exponent(bits):
+    return ((bits >> np.uint32(23)) & np.uint32(0xFF)).astype(np.int64)
+
+
+def _is_denorm_bits(bits):
+    return ((bits & _EXP) == 0) & ((bits & _MAN) != 0)
+
+
+def div_scale_f32(s0, s1, s2):
+    """V_DIV_SCALE_F32: (D, vcc) with S1 the divisor and S2 the dividend; S0 is the one this
+    instruction scales (LLVM passes S0 = S1 for the divisor and S0 = S2 for the dividend)."""
+    b0, b1, b2 = np.broadcast_arrays(f32_bits(s0), f32_bits(s1), f32_bits(s2))
+    x0, x1, x2 = _to64(b0), _to64(b1), _to64(b2)
+    e1, e2 = _exponent(b1), _exponent(b2)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        rcp_denorm = (np.abs(x1) > 2.0 ** 126) & np.isfinite(x1)
+        q = np.abs(x2 / x1)
+    quot_denorm = (q < 2.0 ** -126) & (q != 0) & np.isfinite(q)
+    up = f32_bits(ldexp_f32(bits_f32(b0), 64))
+    down = f32_bits(ldexp_f32(bits_f32(b0), -64))
+    is_den, is_num = x0 == x1, x0 == x2
+    zero = (x1 == 0) | (x2 == 0)
+    c_big = ~zero & (e2 - e1 >= 96)                       # dividend near f32 max over divisor
+    rest = ~zero & ~c_big
+    c_den = rest & _is_denorm_bits(b1)                    # denormal divisor: scale both up
+    rest &= ~c_den
+    c_both = rest & rcp_denorm & quot_denorm
+    rest &= ~c_both
+    c_rcp = rest & rcp_denorm                             # huge divisor: scale both down
+    rest &= ~c_rcp
+    c_q = rest & quot_denorm                              # denormal quotient: dividend up
+    rest &= ~c_q
+    c_tiny = rest & (e2 <= 23)                            # tiny dividend: scale both up
+    d = b0.copy()
+    d = np.where((c_big & is_den) | c_den | c_tiny | (c_q & is_num & ~is_den), up, d)
+    d = np.where((c_both & is_den) | c_rcp, down, d)
+    d = np.where(zero, DEFAULT_NAN_BITS, d)
+    return bits_f32(d.astype(np.uint32)), c_big | c_both | c_q
+
+
+def div_fmas_f32(s0, s1, s2, vcc):
+    """V_DIV_FMAS_F32: fma(S0, S1, S2), times 2^+-64 in the same rounding where VCC is set."""
+    b0, b1, b2 = np.broadcast_arrays(f32_bits(s0), f32_bits(s1), f32_bits(s2))
+    vcc = np.broadcast_to(np.asarray(vcc, bool), b0.shape)
+    plain = fma_f32(bits_f32(b0), bits_f32(b1), bits_f32(b2))
+    if not vcc.any():
+        return plain
+    a, b, c = _to64(b0), _to64(b1), _to64(b2)
+    scale = np.where(_exponent(b2) > 127, 2.0 ** 64, 2.0 ** -64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        # round-to-odd keeps the single rounding exact also when the scaled result is an f32
+        # denormal (the scaling by a power of two is exact in float64)
+        scaled = (_add_round_to_odd(a * b, c) * scale).astype(np.float32)
+    rb = np.where(np.isnan(scaled), f32_bits(plain), f32_bits(scaled))
+    return np.where(vcc, bits_f32(rb), plain).astype(np.float32)
+
+
+def div_fixup_f32(s0, s1, s2):
+    """V_DIV_FIXUP_F32: S0 the quotient, S1 the divisor, S2 the dividend; IEEE special cases."""
+    b0, b1, b2 = np.broadcast_arrays(f32_bits(s0), f32_bits(s1), f32_bits(s2))
+    x1, x2 = _to64(b1), _to64(b2)
+    neg = ((b1 ^ b2) & _SIGN) != 0
+    sign = np.where(neg, _SIGN, np.uint32(0))
+    inf_b = sign | _EXP
+    zero_b = sign
+    mag = b0 & ~_SIGN
+    out = np.where(_is_nan_bits(b0) | ((b0 & ~_SIGN) == _EXP), inf_b, sign | mag)
+    e1, e2 = _exponent(b1), _exponent(b2)
+    out = np.where(e2 - e1 < -150, zero_b, out)              # quotient below half the smallest denormal
+    out = np.where(np.isinf(x1) | (x2 == 0), zero_b, out)
+    out = np.where((x1 == 0) | np.isinf(x2), inf_b, out)
+    out = np.where(np.isinf(x1) & np.isinf(x2), DEFAULT_NAN_BITS, out)
+    out = np.where((x1 == 0) & (x2 == 0), DEFAULT_NAN_BITS, out)
+    out = np.where(_is_nan_bits(b1), _quiet(b1), out)
+    out = np.where(_is_nan_bits(b2), _quiet(b2), out)
+    return bits_f32(out.astype(np.uint32))
