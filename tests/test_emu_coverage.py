@@ -131,3 +131,180 @@ def test_fma_mixlo_mixhi_round_once_and_keep_the_other_half():
     up = int(h16(1.0 + 2.0 ** -10)[()])
     assert w.v[3][0] == (0xAAAA0000 | up)
     assert w.v[4][0] == ((int(h16(1.0)[()]) << 16) | 0x5555)    # clamp to [0, 1]
+
+
+# --------------------------------------------------------------------------- assembly reader
+
+def test_numeric_local_labels_forward_and_backward():
+    # s1 counts down from 5; "1b" is the loop head, "1f" skips over the poison write, and the
+    # second "1:" is a different label than the first.
+    body = ("s_mov_b32 s1, 5\n s_mov_b32 s2, 0\n"
+            "1:\n s_add_u32 s2, s2, 3\n s_sub_u32 s1, s1, 1\n s_cmp_eq_u32 s1, 0\n s_cbranch_scc0 1b\n"
+            " s_branch 1f\n s_mov_b32 s2, 999\n"
+            "1: s_add_u32 s2, s2, 1")
+    w = run(body)
+    assert w.s[2] == 16
+
+
+def test_unresolvable_numeric_label_and_unknown_syntax_name_the_line():
+    from pa_tile.emu.asm import AsmSyntaxError
+
+    with pytest.raises(AsmSyntaxError, match="line 4"):
+        program("s_branch 2f")
+    with pytest.raises(AsmSyntaxError, match="line 4.*hwreg"):
+        program("s_setreg_imm32_b32 hwreg(HW_REG_MODE, 4, 2), 3")
+    # a bracketed modifier with names parses; the buffer op then refuses the modifier by name
+    p = program("buffer_load_format_x v1, v0, s[0:3], 0 offen format:[BUF_FMT_32_FLOAT]")
+    assert p.instructions[0].mods["format"] == ("BUF_FMT_32_FLOAT",)
+
+
+# --------------------------------------------------------------------------- atomics
+
+import torch  # noqa: E402
+
+from pa_tile.emu import LDS, GlobalMemory, load_program, run_kernel  # noqa: E402
+from pa_tile.emu.memory import encode_vsharp  # noqa: E402
+from test_emu_ops import LAUNCH, _launch  # noqa: E402
+
+
+def _mem(*tensors):
+    return GlobalMemory([(t.data_ptr(), t.numel() * t.element_size(), f"t{i}") for i, t in enumerate(tensors)])
+
+
+def _ptr(w, t, s):
+    w.s[s], w.s[s + 1] = t.data_ptr() & 0xFFFFFFFF, t.data_ptr() >> 32
+
+
+def test_global_atomic_add_f32_returns_pre_op_values_in_lane_order():
+    t = torch.tensor([0.5, 0.0], dtype=torch.float32)
+    vals = (np.arange(64) + 1).astype(np.float32)
+
+    def setup(w):
+        w.mem = _mem(t)
+        _ptr(w, t, 2)
+        w.v[0] = np.where(LANE < 48, 0, 4).astype(np.uint32)   # 48 lanes hit t[0], 16 hit t[1]
+        w.v[1] = f32(vals)
+    w = run("global_atomic_add_f32 v2, v0, v1, s[2:3] sc0\n global_atomic_add_f32 v0, v1, s[2:3]", setup)
+    assert t[0].item() == 0.5 + 2 * vals[:48].sum() and t[1].item() == 2 * vals[48:].sum()
+    ret = asf(w.v[2])
+    assert ret[0] == 0.5 and ret[1] == 1.5 and ret[47] == 0.5 + vals[:47].sum()   # serial, ascending lanes
+    assert ret[48] == 0 and ret[49] == vals[48]
+
+
+def test_global_atomic_integer_ops_and_cmpswap():
+    t = torch.tensor([10, -5, 7, 100], dtype=torch.int32)
+
+    def setup(w):
+        w.mem = _mem(t)
+        _ptr(w, t, 2)
+        w.exec = 1
+        w.v[0], w.v[1], w.v[2], w.v[3] = 0, 3, 42, 7
+    w = run("global_atomic_smax v0, v1, s[2:3]\n global_atomic_umin v0, v1, s[2:3] offset:4\n"
+            "global_atomic_cmpswap v4, v0, v[2:3], s[2:3] offset:8 sc0\n"
+            "global_atomic_cmpswap v5, v0, v[2:3], s[2:3] offset:12 sc0\n"
+            "global_atomic_add v6, v0, v1, s[2:3] offset:12 sc0", setup)
+    assert t.tolist() == [10, 3, 42, 103]      # smax(10,3); umin(0xfffffffb,3); 7 == 7 -> 42; 100 != 7
+    assert (w.v[4][0], w.v[5][0], w.v[6][0]) == (7, 100, 100)
+
+
+def test_buffer_atomic_pk_add_f16_and_returning_add_with_range_check():
+    h = torch.tensor([1.0, 2.0, 0.0, 0.0], dtype=torch.float16)
+    u = torch.zeros(4, dtype=torch.int32)
+
+    def setup(w):
+        w.mem = _mem(h, u)
+        w.s[8:12] = encode_vsharp(h.data_ptr(), 8)
+        w.s[12:16] = encode_vsharp(u.data_ptr(), 8)          # dwords 0 and 1 in range
+        w.v[0] = np.where(LANE < 32, 0, 4).astype(np.uint32)
+        w.v[1] = (h16(0.25) | (h16(0.5) << 16)).astype(np.uint32)
+        w.v[2] = (LANE % 4 * 4).astype(np.uint32)
+        w.v[3] = 1
+    w = run("buffer_atomic_pk_add_f16 v1, v0, s[8:11], 0 offen\n"
+            "buffer_atomic_add v3, v2, s[12:15], 0 offen sc0", setup)
+    assert h.tolist() == [1.0 + 32 * 0.25, 2.0 + 32 * 0.5, 32 * 0.25, 32 * 0.5]
+    assert u.tolist() == [16, 16, 0, 0]          # dwords 2, 3 are past num_records: dropped
+    assert w.v[3][0] == 0 and w.v[3][4] == 1 and w.v[3][2] == 0   # pre-op values; dropped -> 0
+
+
+def test_ds_atomics_and_waves_adding_to_one_address():
+    # two waves of one workgroup add into one LDS dword (no barrier: atomics are not a race),
+    # then thread 0 stores it; ds_add_rtn returns each lane's prefix
+    out = torch.zeros(129, dtype=torch.int32)
+    body = """
+\tv_mov_b32_e32 v1, 0
+\tv_mov_b32_e32 v2, 1
+\tds_add_rtn_u32 v3, v1, v2
+\ts_load_dwordx2 s[4:5], s[0:1], 0x0
+\tv_lshlrev_b32_e32 v4, 2, v0
+\ts_waitcnt lgkmcnt(0)
+\tglobal_store_dword v4, v3, s[4:5] offset:4
+\ts_barrier
+\tds_read_b32 v5, v1
+\ts_waitcnt lgkmcnt(0)
+\tglobal_store_dword v1, v5, s[4:5]
+"""
+    _launch(body, (1, 1), (128, 1), out, lds=16)
+    assert out[0].item() == 128
+    assert sorted(out[1:].tolist()) == list(range(128))
+    w = run("ds_max_rtn_i32 v3, v0, v1\n ds_cmpst_rtn_b32 v4, v0, v2, v1 offset:4\n ds_min_f32 v0, v5 offset:8",
+            lambda w: (_regs(v0=np.zeros(64), v1=np.full(64, 0xFFFFFFFF), v2=np.zeros(64), v5=f32(-LANE.astype(np.float32)))(w),
+                       setattr(w, "lds", LDS(64))))
+    assert w.v[3][0] == 0 and w.lds.data[:4].view(np.int32)[0] == 0       # max(0, -1) = 0
+    assert w.v[4][0] == 0 and w.lds.data[4:8].view(np.int32)[0] == -1     # 0 == 0 -> store -1
+    assert w.lds.data[8:12].view(np.float32)[0] == -63.0
+
+
+# --------------------------------------------------------------------------- internal errors
+
+def test_internal_errors_become_emulation_errors_naming_the_instruction(monkeypatch):
+    from pa_tile.emu import ops_base
+    from pa_tile.emu.ops_base import EmulationError
+
+    def broken(ctx):
+        def h(w):
+            return np.uint64(1) >> np.int64(1)   # numpy: no common type -> TypeError
+        return h
+    monkeypatch.setitem(ops_base.OPS, "v_nop", broken)
+    out = torch.zeros(4, dtype=torch.int32)
+    with pytest.raises(EmulationError, match=r"internal emulator error TypeError.*v_nop.*workgroup"):
+        _launch("\tv_nop", (1, 1), (64, 1), out)
+
+
+_SHIFTY = ["v_lshlrev_b32 v2, v0, v1", "v_lshrrev_b32 v2, v0, v1", "v_ashrrev_i32 v2, v0, v1",
+           "v_lshlrev_b64 v[2:3], v0, v[4:5]", "v_lshrrev_b64 v[2:3], v0, v[4:5]", "v_ashrrev_i64 v[2:3], v0, v[4:5]",
+           "v_lshlrev_b16 v2, v0, v1", "v_lshrrev_b16 v2, v0, v1", "v_ashrrev_i16 v2, v0, v1",
+           "v_bfe_u32 v2, v0, v1, v6", "v_bfe_i32 v2, v0, v1, v6", "v_alignbit_b32 v2, v0, v1, v6",
+           "v_lshl_add_u32 v2, v0, v1, v6", "v_lshl_or_b32 v2, v0, v1, v6", "v_lshl_add_u64 v[2:3], v[4:5], v0, v[4:5]",
+           "v_cmp_class_f32 vcc, v0, v1", "v_pk_lshlrev_b16 v2, v0, v1", "v_pk_ashrrev_i16 v2, v0, v1",
+           "s_lshl_b32 s2, s0, s1", "s_lshr_b64 s[2:3], s[4:5], s1", "s_ashr_i32 s2, s0, s1", "s_ashr_i64 s[2:3], s[4:5], s1",
+           "s_bfe_u32 s2, s0, s1", "s_bfe_i32 s2, s0, s1", "s_bfe_i64 s[2:3], s[4:5], s1", "s_lshl2_add_u32 s2, s0, s1"]
+
+
+@pytest.mark.parametrize("line", _SHIFTY)
+def test_shift_and_bitfield_ops_take_any_operand_kind(line):
+    # each source replaced by a VGPR, an SGPR, a negative inline constant and a literal
+    rng = np.random.default_rng(0)
+    ops = line.split(None, 1)[1].split(", ")
+    forms = {"v0": ["v0", "s0", "-7", "0x8000001f"], "v1": ["v1", "s1", "-1", "0xffff0011"],
+             "s0": ["s0", "-3", "0x8000001f"], "s1": ["s1", "63", "0xffffff00", "-2"]}
+    for i, o in enumerate(ops[1:], 1):
+        for alt in forms.get(o, [o]):
+            text = line.split()[0] + " " + ", ".join(ops[:i] + [alt] + ops[i + 1:])
+            def setup(w):
+                w.v[:8] = rng.integers(0, 2 ** 32, (8, 64), dtype=np.uint64).astype(np.uint32)
+                w.s[:8] = rng.integers(0, 2 ** 32, 8, dtype=np.uint64).astype(np.uint32)
+            run(text, setup)
+
+
+# --------------------------------------------------------------------------- dynamic LDS
+
+def test_lds_is_the_static_size_plus_the_launch_dynamic_bytes():
+    from pa_tile.emu import MemoryFault
+
+    out = torch.zeros(4, dtype=torch.int32)
+    body = "\tv_mov_b32_e32 v1, 0x{addr:x}\n\tds_write_b32 v1, v0"
+    _launch(body.format(addr=0x1FFC), (1, 1), (64, 1), out, lds=4096, dynamic_lds=4096)
+    with pytest.raises(MemoryFault):
+        _launch(body.format(addr=0x1FFC), (1, 1), (64, 1), out, lds=4096)
+    with pytest.raises(MemoryFault):
+        _launch(body.format(addr=0x2000), (1, 1), (64, 1), out, lds=4096, dynamic_lds=4096)
