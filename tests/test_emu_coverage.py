@@ -308,3 +308,80 @@ def test_lds_is_the_static_size_plus_the_launch_dynamic_bytes():
         _launch(body.format(addr=0x1FFC), (1, 1), (64, 1), out, lds=4096)
     with pytest.raises(MemoryFault):
         _launch(body.format(addr=0x2000), (1, 1), (64, 1), out, lds=4096, dynamic_lds=4096)
+
+
+# --------------------------------------------------------------------------- MFMA int8, f8f6f4
+
+from pa_tile.emu import numerics as nx  # noqa: E402
+
+
+# (matrix, row, col) -> (register, lane, bit) as amd_matrix_instruction_calculator prints them
+# for CDNA3 (-R -c); the emulator's layouts were compared with the whole tables.
+_CALC = {
+    "v_mfma_i32_16x16x32_i8": [("A", 0, 8, (0, 16, 0)), ("A", 3, 5, (1, 3, 8)), ("B", 0, 3, (0, 3, 0)),
+                               ("D", 1, 0, (1, 0))],
+    "v_mfma_i32_32x32x16_i8": [("A", 4, 1, (0, 4, 8)), ("A", 17, 8, (0, 49, 0)), ("B", 9, 1, (0, 33, 8)),
+                               ("D", 9, 0, (5, 0))],
+}
+
+
+@pytest.mark.parametrize("name", sorted(_CALC))
+def test_int8_mfma_layout_matches_the_calculator_and_math_is_exact(name):
+    L = nx.mfma_lane_layout(name)
+    for which, r, c, want in _CALC[name]:
+        got = L["A_where"][r, c] if which == "A" else L["B_where"][r, c] if which == "B" else L["C_where"][r, c]
+        assert tuple(got) == want, (which, r, c)
+    M, N, K = L["M"], L["N"], L["K"]
+    rng = np.random.default_rng(3)
+    A = rng.integers(-128, 128, (M, K)).astype(np.int8)
+    B = rng.integers(-128, 128, (K, N)).astype(np.int8)
+    C = rng.integers(-2 ** 31, 2 ** 31, (M, N)).astype(np.int32)
+    ra = nx.mfma_pack_operand(name, "A", A.view(np.uint8))
+    rb = nx.mfma_pack_operand(name, "B", B.view(np.uint8))
+    rc = np.empty((L["c_regs"], 64), np.uint32)
+    rc[L["C_where"][..., 0], L["C_where"][..., 1]] = C.view(np.uint32)
+    n = L["c_regs"]
+
+    def setup(w):
+        w.v[0:2], w.v[2:4], w.v[8:8 + n] = ra, rb, rc
+    w = run(f"{name} v[8:{7 + n}], v[0:1], v[2:3], v[8:{7 + n}]", setup)
+    D = w.v[8:8 + n][L["C_where"][..., 0], L["C_where"][..., 1]].view(np.int32)
+    want = ((A.astype(np.int64) @ B.astype(np.int64) + C) & 0xFFFFFFFF).astype(np.uint32).view(np.int32)
+    assert (D == want).all()
+
+
+def _pack_bits(items, bits):
+    """(64, n) codes -> (regs, 64) dwords, items back to back little-endian."""
+    b = ((items[:, :, None] >> np.arange(bits)) & 1).astype(np.uint8).reshape(64, -1)
+    return np.packbits(b, axis=1, bitorder="little").view(np.uint32).T.copy()
+
+
+@pytest.mark.parametrize("cbsz, blgp", [(0, 1), (2, 4), (3, 3)])
+def test_gfx950_f8f6f4_mfma_formats(cbsz, blgp):
+    rng = np.random.default_rng(cbsz * 10 + blgp)
+    name = "v_mfma_f32_16x16x128_f8f6f4"
+    kl = 32
+    vals = {}
+    regs = []
+    for which, code in (("A", cbsz), ("B", blgp)):
+        kind, bits = nx.F8F6F4_FORMATS[code]
+        items = rng.integers(0, 1 << bits, (64, kl)).astype(np.uint32)
+        if bits == 8:   # keep clear of the NaN/inf codes
+            items = np.where((items & 0x7F) >= 0x7C, items & 0x3F, items)
+            v = nx.fp8_decode(items.astype(np.uint8), "ocp") if code == 0 else nx.bf8_decode(items.astype(np.uint8), "ocp")
+        else:
+            v = nx._mini_decode(items.astype(np.int64), kind)
+        vals[which] = np.asarray(v, np.float64)
+        regs.append(_pack_bits(items, bits))
+    A = vals["A"].reshape(4, 16, kl).transpose(1, 0, 2).reshape(16, 128)
+    B = vals["B"].reshape(4, 16, kl).transpose(0, 2, 1).reshape(128, 16)
+    na, nb = len(regs[0]), len(regs[1])
+
+    def setup(w):
+        w.v[0:na], w.v[8:8 + nb] = regs
+    w = run(f"{name} v[16:19], v[0:7], v[8:15], 0 cbsz:{cbsz} blgp:{blgp}", setup, arch="gfx950")
+    D = nx.mfma_unpack_result("v_mfma_f32_16x16x4_f32", w.v[16:20])
+    assert np.allclose(D, (A @ B).astype(np.float32), rtol=1e-6, atol=1e-30)
+    assert (nx._mini_decode(np.arange(8), "fp4") == [0, 0.5, 1, 1.5, 2, 3, 4, 6]).all()
+    with pytest.raises(UnsupportedInstruction, match="does not exist on gfx942"):
+        run(f"{name} v[16:19], v[0:7], v[8:15], 0", arch="gfx942")
