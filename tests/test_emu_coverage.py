@@ -385,3 +385,48 @@ def test_gfx950_f8f6f4_mfma_formats(cbsz, blgp):
     assert (nx._mini_decode(np.arange(8), "fp4") == [0, 0.5, 1, 1.5, 2, 3, 4, 6]).all()
     with pytest.raises(UnsupportedInstruction, match="does not exist on gfx942"):
         run(f"{name} v[16:19], v[0:7], v[8:15], 0", arch="gfx942")
+
+
+# --------------------------------------------------------------------------- LDS: direct loads, transpose
+
+@pytest.mark.parametrize("arch, width, n", [("gfx942", "dword", 4), ("gfx950", "dwordx4", 16)])
+def test_buffer_load_to_lds_uses_m0_and_packs_lanes(arch, width, n):
+    src = torch.arange(64 * 4, dtype=torch.int32)
+
+    def setup(w):
+        w.mem = _mem(src)
+        w.lds = LDS(8192)
+        w.s[8:12] = encode_vsharp(src.data_ptr(), 64 * 16 - 16)   # the last lane's 16 bytes are out of range
+        w.v[0] = (63 - LANE) * n                                   # lanes read in reverse
+        w.m0 = 1024
+        w.exec = ALL & ~2                                          # lane 1 off
+        w.v[5] = 77
+    w = run(f"buffer_load_{width} v0, s[8:11], 0 offen offset:16 lds", setup, arch=arch)
+    got = w.lds.data[1024 + 16: 1024 + 16 + 64 * n].view(np.int32).reshape(64, n // 4)
+    # inst offset:16 also moves the global address: 4 dwords further
+    want = ((63 - LANE)[:, None] * (n // 4) + np.arange(n // 4) + 4).astype(np.int32)
+    if n == 16:
+        want[0] = 0           # lane 0 reads bytes 1008..1023: past num_records -> 0
+    assert (got[0] == want[0]).all() and (got[2:] == want[2:]).all()
+    assert (got[1] == 0).all() and w.v[5][0] == 77             # inactive lane: no LDS write; VGPRs untouched
+
+
+def test_buffer_load_dwordx4_to_lds_is_gfx950_only():
+    with pytest.raises(UnsupportedInstruction, match="gfx950 only"):
+        run("buffer_load_dwordx4 v0, s[8:11], 0 offen lds", arch="gfx942")
+
+
+def test_ds_read_b64_tr_b16_transposes_4x16():
+    # LDS holds 16-bit element (lane, e) = lane * 4 + e at lane * 8 + 2 * e
+    def setup(w):
+        w.lds = LDS(1024)
+        w.lds.data[:512] = np.arange(256, dtype=np.uint16).view(np.uint8)
+        w.v[0] = LANE * 8
+    w = run("ds_read_b64_tr_b16 v[2:3], v0", setup, arch="gfx950")
+    got = np.stack([w.v[2] & 0xFFFF, w.v[2] >> 16, w.v[3] & 0xFFFF, w.v[3] >> 16], axis=1)
+    # lane 0 gets element 0 of lanes 0, 4, 8, 12; lane 5 gets element 1 of lanes 1, 5, 9, 13
+    assert got[0].tolist() == [0, 16, 32, 48]
+    assert got[5].tolist() == [1 * 4 + 1, 5 * 4 + 1, 9 * 4 + 1, 13 * 4 + 1]
+    assert got[16 + 14].tolist() == [(16 + 3) * 4 + 2, (16 + 7) * 4 + 2, (16 + 11) * 4 + 2, (16 + 15) * 4 + 2]
+    with pytest.raises(UnsupportedInstruction, match="does not exist on gfx942"):
+        run("ds_read_b64_tr_b16 v[2:3], v0", arch="gfx942")

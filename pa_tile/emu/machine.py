@@ -21,7 +21,7 @@ from typing import List, Optional, Sequence, Tuple
 import numpy as np
 
 from . import ops_ds, ops_mfma, ops_salu, ops_valu, ops_vmem  # noqa: F401  (register semantics)
-from . import ops_atomic, ops_valu16  # noqa: F401  (ops_valu16 after ops_valu: it extends some builders)
+from . import ops_atomic, ops_lds_ext, ops_valu16  # noqa: F401  (after the modules whose builders they extend)
 from .memory import LDS
 from .ops_ds import LdsRaceChecker
 from .asm import SGPR_EXEC, SGPR_M0, SGPR_VCC, Kernel, Program
