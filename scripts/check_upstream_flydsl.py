@@ -1,6 +1,6 @@
 """Run FlyDSL's own examples in pa_tile's emulator, on CPU tensors, for gfx942 and gfx950.
 
-Usage: python scripts/check_upstream_flydsl.py /path/to/FlyDSL-checkout [example.py ... | --kernels [warn]]
+Usage: python scripts/check_upstream_flydsl.py /path/to/FlyDSL-checkout [example.py ... | --kernels [warn] | --tests test_file.py ...]
 
 A check of the emulator's reach, not part of the test suite. Nothing of FlyDSL is copied: each
 example file is read from the given checkout and executed with its CUDA device strings mapped to
@@ -117,6 +117,70 @@ def run_kernels(root: Path, lds_races: str = "raise") -> None:
             print(f"{name:55s} {arch}: {verdict}", flush=True)
 
 
+# ----------------------------------------------------------------------------- test modules
+# ``--tests file.py ...``: a FlyDSL pytest module read with the same CUDA -> CPU mapping (and
+# ``torch.cuda.is_available()`` answering True, so GPU-only tests are not skipped); every test
+# function is called once per ``pytest.mark.parametrize`` combination. Fixtures are not provided:
+# tests that need them are reported as such.
+
+def _param_sets(fn):
+    import itertools
+
+    marks = [m for m in getattr(fn, "pytestmark", []) if m.name == "parametrize"]
+    axes = []
+    for m in marks:
+        names = [n.strip() for n in (m.args[0].split(",") if isinstance(m.args[0], str) else m.args[0])]
+        vals = [v.values if hasattr(v, "values") else v for v in m.args[1]]
+        axes.append([dict(zip(names, v if len(names) > 1 else (v,))) for v in vals])
+    for combo in itertools.product(*axes):
+        kw = {}
+        for d in combo:
+            kw.update(d)
+        yield kw
+
+
+def run_tests(root: Path, files, lds_races: str = "raise") -> None:
+    import inspect
+
+    import torch
+
+    from pa_tile import toolchain
+    from pa_tile.emu import launch
+
+    torch.cuda.is_available = lambda: True
+    torch.cuda.synchronize = lambda *a, **k: None
+    torch.cuda.current_stream = lambda *a, **k: None
+    torch.Tensor.cuda = lambda self, *a, **k: self
+    sys.path.insert(0, str(root))
+    for rel in files:
+        path = root / rel
+        ns = {"__name__": "upstream_test", "__file__": str(path)}
+        exec(compile(_cpu_source(path.read_text()), str(path), "exec"), ns)
+        for name, fn in list(ns.items()):
+            if not name.startswith("test_") or not callable(fn):
+                continue
+            if any(m.name == "skip" or (m.name == "skipif" and m.args and m.args[0]) for m in getattr(fn, "pytestmark", [])):
+                print(f"{rel}::{name}: skipped by its own marker")
+                continue
+            for kw in _param_sets(fn):
+                missing = [p for p in inspect.signature(fn).parameters if p not in kw]
+                for arch in ("gfx942", "gfx950"):
+                    label = f"{rel}::{name}{'[' + ','.join(map(str, kw.values())) + ']' if kw else ''} {arch}"
+                    if missing:
+                        print(f"{label}: not run (needs fixtures {missing})")
+                        break
+                    try:
+                        with toolchain.target_arch(arch), contextlib.redirect_stdout(io.StringIO()), \
+                                launch.launch_options(lds_races=lds_races):
+                            fn(**kw)
+                        verdict = "PASS"
+                    except Exception as e:
+                        while e.__cause__ is not None and "re-raised" in str(e):
+                            e = e.__cause__
+                        verdict = "FAIL " + " ".join(traceback.format_exception_only(type(e), e)).strip().replace("\n", " ")[:300]
+                    print(f"{label}: {verdict}", flush=True)
+
+
 def main(argv):
     if not argv:
         print(__doc__)
@@ -129,6 +193,9 @@ def main(argv):
     if argv[1:2] == ["--kernels"]:
         # --kernels warn: report LDS races as warnings and still compare the results
         run_kernels(root, *argv[2:3])
+        return 0
+    if argv[1:2] == ["--tests"]:
+        run_tests(root, argv[2:])
         return 0
     files = argv[1:] or DEFAULT
     for rel in files:
