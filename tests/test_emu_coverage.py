@@ -8,9 +8,12 @@ VOP2/VOP3/VOP3P, §6.1 for clamp/op_sel/SDWA; CDNA4 for gfx950-only instructions
 
 import numpy as np
 import pytest
+import torch
 
-from pa_tile.emu import UnsupportedInstruction, Wave, run_wave
-from test_emu_ops import ALL, LANE, asf, f32, program, run
+from pa_tile.emu import LDS, GlobalMemory, UnsupportedInstruction
+from pa_tile.emu import numerics as nx
+from pa_tile.emu.memory import encode_vsharp
+from test_emu_ops import ALL, LANE, _launch, asf, f32, program, run
 
 H = np.float16
 
@@ -160,13 +163,6 @@ def test_unresolvable_numeric_label_and_unknown_syntax_name_the_line():
 
 # --------------------------------------------------------------------------- atomics
 
-import torch  # noqa: E402
-
-from pa_tile.emu import LDS, GlobalMemory, load_program, run_kernel  # noqa: E402
-from pa_tile.emu.memory import encode_vsharp  # noqa: E402
-from test_emu_ops import LAUNCH, _launch  # noqa: E402
-
-
 def _mem(*tensors):
     return GlobalMemory([(t.data_ptr(), t.numel() * t.element_size(), f"t{i}") for i, t in enumerate(tensors)])
 
@@ -311,9 +307,6 @@ def test_lds_is_the_static_size_plus_the_launch_dynamic_bytes():
 
 
 # --------------------------------------------------------------------------- MFMA int8, f8f6f4
-
-from pa_tile.emu import numerics as nx  # noqa: E402
-
 
 # (matrix, row, col) -> (register, lane, bit) as amd_matrix_instruction_calculator prints them
 # for CDNA3 (-R -c); the emulator's layouts were compared with the whole tables.

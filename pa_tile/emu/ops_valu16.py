@@ -18,8 +18,8 @@ from __future__ import annotations
 import numpy as np
 
 from . import numerics as nx
-from .ops_base import LANES, OPS, as_u32, mask_from_words, op
-from .ops_valu import _pk16, _sdwa_dst, vop
+from .ops_base import LANES, OPS, mask_from_words, op
+from .ops_valu import _pk16, vop
 from .asm import SGPR_VCC
 
 U16, U32 = np.uint16, np.uint32
@@ -254,20 +254,18 @@ def _mix_sources(ctx):
     for i, o in enumerate(ctx.ops[1:4]):
         bare = o.__class__(o.kind, index=o.index, count=o.count, value=o.value, name=o.name, literal=o.literal)
         if sel_hi[i]:
-            raw = ctx.vread(bare, "f16", hi=bool(sel[i])) if o.kind != "imm" else ctx.vread(bare, "f16")
-            conv = lambda x: x.astype(np.float64)  # noqa: E731
+            raw = ctx.vread(bare, "f16", hi=bool(sel[i]) and o.kind != "imm")
         else:
             raw = ctx.vread(bare, "f32")
-            conv = lambda x: x.astype(np.float64)  # noqa: E731
         neg, ab = o.neg, o.abs
 
-        def rd(w, raw=raw, conv=conv, neg=neg, ab=ab):
-            x = conv(raw(w))
+        def rd(w, raw=raw, neg=neg, ab=ab):
+            x = raw(w).astype(np.float64)
             if ab:
                 x = np.abs(x)
             return -x if neg else x
         readers.append(rd)
-    return readers, bool(m.get("clamp")), sel
+    return readers, bool(m.get("clamp"))
 
 
 def _mix_exact(a, b, c):
@@ -284,7 +282,7 @@ def _clamp01(x):
 @op("v_fma_mix_f32")
 def _fma_mix_f32(ctx):
     ctx.need(4)
-    readers, clamp, _ = _mix_sources(ctx)
+    readers, clamp = _mix_sources(ctx)
     wr = ctx.vwrite(ctx.ops[0], "f32")
 
     def h(w):
@@ -302,7 +300,7 @@ def _fma_mix_f32(ctx):
 def _fma_mix_f16(ctx):
     """The f16 result goes to the low (mixlo) or high (mixhi) half; the other half is kept."""
     ctx.need(4)
-    readers, clamp, _ = _mix_sources(ctx)
+    readers, clamp = _mix_sources(ctx)
     hi = ctx.base == "v_fma_mixhi_f16"
     wr = ctx.vwrite(ctx.ops[0], "u32")
     row = ctx.vrow(ctx.ops[0])
@@ -321,9 +319,6 @@ def _fma_mix_f16(ctx):
 
 
 # ---- IEEE division helpers (numerics.div_*: pseudo-code and its reading documented there)
-def _f32_src(ctx, o):
-    return ctx.vread(o, "f32")
-
 
 @op("v_div_scale_f32")
 def _div_scale(ctx):
@@ -332,7 +327,7 @@ def _div_scale(ctx):
     if set(ctx.mods) - {"clamp"} or ctx.mods.get("clamp"):
         raise ctx.fail(f"modifiers {sorted(ctx.mods)}")
     d, sd, a, b, c = ctx.ops
-    ra, rb, rc = (_f32_src(ctx, o) for o in (a, b, c))
+    ra, rb, rc = (ctx.vread(o, "f32") for o in (a, b, c))
     wr = ctx.vwrite(d, "f32")
     if sd.kind == "special" and sd.name == "null":
         wm = None
@@ -354,7 +349,7 @@ def _div_fmas(ctx):
     clamp = _take_clamp(ctx)
     if ctx.mods:
         raise ctx.fail(f"modifiers {sorted(ctx.mods)}")
-    ra, rb, rc = (_f32_src(ctx, o) for o in ctx.ops[1:])
+    ra, rb, rc = (ctx.vread(o, "f32") for o in ctx.ops[1:])
     wr = ctx.vwrite(ctx.ops[0], "f32")
 
     def h(w):
@@ -368,5 +363,3 @@ def _div_fmas(ctx):
 
 op("v_div_fixup_f32")(lambda ctx: vop(ctx, "f32", ("f32", "f32", "f32"), nx.div_fixup_f32))
 
-
-__all__ = ["vop_int", "vop_f16", "as_u32", "_sdwa_dst"]
