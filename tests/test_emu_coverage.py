@@ -423,3 +423,17 @@ def test_ds_read_b64_tr_b16_transposes_4x16():
     assert got[16 + 14].tolist() == [(16 + 3) * 4 + 2, (16 + 7) * 4 + 2, (16 + 11) * 4 + 2, (16 + 15) * 4 + 2]
     with pytest.raises(UnsupportedInstruction, match="does not exist on gfx942"):
         run("ds_read_b64_tr_b16 v[2:3], v0", arch="gfx942")
+
+
+def test_f64_adds_and_gfx950_bitop3_b16():
+    def setup(w):
+        x = np.full(64, 0.1, np.float64).view(np.uint32).reshape(64, 2).T
+        w.v[4:6] = x
+        w.v[0], w.v[1], w.s[2] = 0xFFF0, 0x0FF0, 0x00FF
+    w = run("v_add_f64 v[2:3], v[4:5], 0.5\n v_mul_f64 v[6:7], v[4:5], v[4:5]\n"
+            "v_bitop3_b16 v8, v0, v1, s2 bitop3:0xec", setup, arch="gfx950")
+    f = lambda r: np.ascontiguousarray(w.v[r:r + 2].T).view(np.float64)[:, 0]  # noqa: E731
+    assert f(2)[0] == 0.1 + 0.5 and f(6)[0] == 0.1 * 0.1
+    tt, a, b, c = 0xEC, 0xFFF0, 0x0FF0, 0x00FF
+    want = sum(((tt >> (((a >> k & 1) << 2) | ((b >> k & 1) << 1) | (c >> k & 1))) & 1) << k for k in range(16))
+    assert w.v[8][0] == want

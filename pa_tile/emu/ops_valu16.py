@@ -363,3 +363,31 @@ def _div_fmas(ctx):
 
 op("v_div_fixup_f32")(lambda ctx: vop(ctx, "f32", ("f32", "f32", "f32"), nx.div_fixup_f32))
 
+
+
+# ---- f64 VALU (VOP3; CDNA3 §12.11): numpy float64 is IEEE RNE with denormals, as the f64 unit
+# runs here; min/max follow the IEEE-mode NaN rule (a quiet NaN operand loses, like the f32 ops)
+def _reg64(name, n, fn):
+    op(name)(lambda ctx: vop(ctx, "f64", ("f64",) * n, fn))
+
+
+_reg64("v_add_f64", 2, lambda a, b: a + b)
+_reg64("v_mul_f64", 2, lambda a, b: a * b)
+_reg64("v_max_f64", 2, np.fmax)
+_reg64("v_min_f64", 2, np.fmin)
+op("v_ldexp_f64")(lambda ctx: vop(ctx, "f64", ("f64", "i32"), lambda a, e: np.ldexp(a, np.clip(e, -2200, 2200))))
+
+
+@op("v_bitop3_b16", archs=("gfx950",))
+def _bitop3_b16(ctx):
+    """gfx950 V_BITOP3_B16: the 16-bit form of V_BITOP3_B32 (result bit = ttbl[{S0, S1, S2}])."""
+    tt = int(ctx.mods.get("bitop3", 0))
+    ctx.mods = {k: v for k, v in ctx.mods.items() if k != "bitop3"}
+    terms = [i for i in range(8) if tt >> i & 1]
+
+    def fn(a, b, c):
+        r = np.zeros(np.broadcast(a, b, c).shape, np.int64)
+        for i in terms:
+            r |= (a if i & 4 else ~a) & (b if i & 2 else ~b) & (c if i & 1 else ~c)
+        return r
+    return vop_int(ctx, "u16", ("u16", "u16", "u16"), fn)
