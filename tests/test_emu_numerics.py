@@ -503,7 +503,7 @@ def test_mfma_rejections_and_aliases():
     assert nx.mfma_shapes("v_mfma_f32_32x32x8f16") == (32, 32, 8, 2, 2, 16)
     assert "gfx942" not in nx.mfma_archs("v_mfma_f32_32x32x16_f16")
     assert {"gfx942", "gfx950"} <= set(nx.mfma_archs("v_mfma_f32_16x16x32_bf8_fp8"))
-    assert set(nx.MFMA_MNEMONICS) == set(BOTH_ARCHS + GFX950_NEW + F32_FORMS)
+    assert set(nx.MFMA_MNEMONICS) == set(BOTH_ARCHS + GFX950_NEW + F32_FORMS + I8_FORMS)
     assert nx.mfma_shapes("v_mfma_f32_32x32x16_bf16") == (32, 32, 16, 4, 4, 16)
     assert nx.mfma_shapes("v_mfma_f32_32x32x16_fp8_fp8") == (32, 32, 16, 2, 2, 16)
 
@@ -512,6 +512,8 @@ def test_mfma_rejections_and_aliases():
 # f32 MFMA (v_mfma_f32_16x16x4_f32 is what FlyDSL's MFMA(16, 16, 4, Float32) atom emits)
 
 F32_FORMS = ["v_mfma_f32_16x16x4_f32", "v_mfma_f32_32x32x2_f32"]
+# int8 forms (tests/test_emu_coverage.py checks them)
+I8_FORMS = ["v_mfma_i32_16x16x32_i8", "v_mfma_i32_32x32x16_i8", "v_mfma_i32_16x16x64_i8", "v_mfma_i32_32x32x32_i8"]
 
 # Entries printed by ROCm/amd_matrix_instruction_calculator (--architecture cdna3 --get-register):
 # (matrix, row, col) -> (register offset, lane)

@@ -154,6 +154,8 @@ _FLOAT_RE = re.compile(r"^-?(\d+\.\d*([eE][-+]?\d+)?|\d+[eE][-+]?\d+|inf|nan)$")
 _REG_RE = re.compile(r"^([sva])(\d+)$")
 _RANGE_RE = re.compile(r"^([sva])\[(\d+):(\d+)\]$")
 _LABEL_RE = re.compile(r"^[A-Za-z_.$][\w.$]*$")
+# GNU-as numeric local labels: "1:" defines, "1b" / "1f" name the nearest one before / after.
+_NUM_REF_RE = re.compile(r"^(\d+)([bf])$")
 
 
 def _parse_int(tok: str) -> int:
@@ -209,7 +211,7 @@ def parse_operand(tok: str) -> Operand:
         return Operand("special", name=tok)
     if tok.startswith("swizzle(") and tok.endswith(")"):
         return Operand("swizzle", value=parse_swizzle(tok))
-    if _LABEL_RE.match(tok):
+    if _LABEL_RE.match(tok) or _NUM_REF_RE.match(tok):
         return Operand("label", name=tok)
     raise AsmSyntaxError(f"unknown operand syntax {tok!r}")
 
@@ -292,7 +294,12 @@ def _parse_mod(tok: str) -> Tuple[str, object]:
         raise AsmSyntaxError(f"unknown modifier {tok!r}")
     key, val = tok.split(":", 1)
     if val.startswith("[") and val.endswith("]"):
-        return key, tuple(int(x, 0) for x in val[1:-1].split(","))
+        items = [x.strip() for x in val[1:-1].split(",")]
+        if all(_INT_RE.match(x) for x in items):
+            return key, tuple(_parse_int(x) for x in items)
+        if all(re.match(r"^[A-Z_0-9]+$", x) for x in items):  # e.g. format:[BUF_FMT_32_FLOAT]
+            return key, tuple(items)
+        raise AsmSyntaxError(f"unknown modifier value {tok!r}")
     if val.startswith("swizzle("):
         return key, parse_swizzle(val)
     if _INT_RE.match(val):
@@ -362,7 +369,7 @@ def parse_instruction(text: str, line: int = 0) -> Instruction:
     return Instruction(mnem, tuple(operands), mods, line, text)
 
 
-_LABEL_LINE_RE = re.compile(r"^([A-Za-z_.$][\w.$]*):(.*)$")
+_LABEL_LINE_RE = re.compile(r"^([A-Za-z_.$][\w.$]*|\d+):(.*)$")
 _DIRECTIVE_VALUE_RE = re.compile(r"^\.amdhsa_(\w+)\s+(-?(?:0x[0-9a-fA-F]+|\d+))\s*$")
 
 
@@ -396,6 +403,39 @@ def parse_asm(text: str) -> Program:
     def scoped(name: str) -> str:
         return f"{name}@{file_idx}" if name.startswith(".L") and file_idx > 0 else name
 
+    # numeric labels: each definition gets a unique internal name; "Nb" resolves at once to the
+    # latest definition, "Nf" waits for the next one (a new file starts afresh)
+    num_defs: Dict[str, int] = {}
+    num_count = [0]
+    pending: Dict[str, List[Tuple[int, int]]] = {}  # N -> [(instruction index, line)]
+
+    def define_numeric(n: str, lineno: int) -> str:
+        num_count[0] += 1
+        name = f"{n}$num{num_count[0]}"
+        num_defs[n] = num_count[0]
+        for idx, _ in pending.pop(n, []):
+            ins = instructions[idx]
+            ins.operands = tuple(_with(o, name=name) if o.kind == "label" and o.name == f"{n}f" else o
+                                 for o in ins.operands)
+        return name
+
+    def resolve_numeric(ins: Instruction, lineno: int) -> None:
+        ops = []
+        for o in ins.operands:
+            m_ = _NUM_REF_RE.match(o.name) if o.kind == "label" else None
+            if m_ and m_.group(2) == "b":
+                if m_.group(1) not in num_defs:
+                    raise AsmSyntaxError(f"line {lineno}: no label {m_.group(1)}: before {o.name!r}")
+                o = _with(o, name=f"{m_.group(1)}$num{num_defs[m_.group(1)]}")
+            elif m_:
+                pending.setdefault(m_.group(1), []).append((len(instructions), lineno))
+            ops.append(o)
+        ins.operands = tuple(ops)
+
+    def check_pending() -> None:
+        for n, refs in pending.items():
+            raise AsmSyntaxError(f"line {refs[0][1]}: no label {n}: after {n}f")
+
     lines = text.splitlines()
     for lineno, raw in enumerate(lines, 1):
         if meta_lines is not None:
@@ -423,7 +463,7 @@ def parse_asm(text: str) -> Program:
             continue
         m = _LABEL_LINE_RE.match(s)
         if m and not s.startswith(".amdhsa"):
-            name = scoped(m.group(1))
+            name = define_numeric(m.group(1), lineno) if m.group(1).isdigit() else scoped(m.group(1))
             if name in labels:
                 raise AsmSyntaxError(f"line {lineno}: label {name!r} defined twice")
             labels[name] = len(instructions)
@@ -441,6 +481,8 @@ def parse_asm(text: str) -> Program:
             elif d == ".amdgcn_target":
                 target = arg.strip('"')
                 file_idx += 1
+                check_pending()
+                num_defs.clear()
             elif d == ".type" and arg.endswith("@function"):
                 function_syms.append(arg.split(",")[0].strip())
             continue  # other directives (.text, .p2align, .set, .fill, ...) carry no semantics for us
@@ -450,7 +492,10 @@ def parse_asm(text: str) -> Program:
             raise AsmSyntaxError(f"line {lineno}: {e}: {raw.strip()!r}") from None
         if file_idx > 0 and any(o.kind == "label" for o in ins.operands):
             ins.operands = tuple(_with(o, name=scoped(o.name)) if o.kind == "label" else o for o in ins.operands)
+        if any(o.kind == "label" and _NUM_REF_RE.match(o.name) for o in ins.operands):
+            resolve_numeric(ins, lineno)
         instructions.append(ins)
+    check_pending()
     if meta_lines is not None:
         raise AsmSyntaxError("unterminated .amdgpu_metadata block")
     if cur_desc is not None:

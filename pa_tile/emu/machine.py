@@ -21,6 +21,7 @@ from typing import List, Optional, Sequence, Tuple
 import numpy as np
 
 from . import ops_ds, ops_mfma, ops_salu, ops_scratch, ops_valu, ops_vmem  # noqa: F401  (register semantics)
+from . import ops_atomic, ops_lds_ext, ops_valu16  # noqa: F401  (after the modules whose builders they extend)
 from .memory import LDS
 from .ops_ds import LdsRaceChecker
 from .asm import SGPR_EXEC, SGPR_M0, SGPR_VCC, Kernel, Program
@@ -38,6 +39,15 @@ from .ops_base import (
 )
 
 __all__ = ["Wave", "run_kernel", "run_wave", "decode_kernel", "UnsupportedInstruction", "EmulationError"]
+
+def _named_errors():
+    from .asm import AsmSyntaxError
+    from .memory import MemoryFault
+
+    return (EmulationError, UnsupportedInstruction, MemoryFault, AsmSyntaxError)
+
+
+_NAMED_ERRORS = _named_errors()
 
 #: Backward branches one wave may take before we call it a hang.
 MAX_LOOP_ITERATIONS = 50_000_000
@@ -141,7 +151,15 @@ def decode_kernel(program: Program, kernel_name: Optional[str] = None, arch: Opt
             raise UnsupportedInstruction(
                 f"{ins.mnemonic} does not exist on {arch} (kernel {kernel.name}, line {ins.line}: {ins.text})"
             )
-        code[i] = builder(ctx)
+        try:
+            code[i] = builder(ctx)
+        except UnsupportedInstruction:
+            raise
+        except Exception as e:  # a builder tripping over an operand form it did not expect
+            raise UnsupportedInstruction(
+                f"cannot decode {ins.mnemonic} ({type(e).__name__}: {e}) (kernel {kernel.name}, line {ins.line}: "
+                f"{ins.text})"
+            ) from e
     cache[key] = code
     return code
 
@@ -273,6 +291,13 @@ def _run_workgroup(waves: List[Wave], code: List, mnemonics, races, quantum: Opt
             except Exception as e:
                 if not 0 <= w.pc < len(code) or code[w.pc] is None:
                     raise EmulationError(f"{w.where()}: execution left the kernel (instruction index {w.pc})") from e
+                if not isinstance(e, _NAMED_ERRORS):
+                    # a bug of the emulator itself (a numpy TypeError, an IndexError, ...): the
+                    # caller still gets one of our errors, naming the instruction
+                    raise EmulationError(
+                        f"internal emulator error {type(e).__name__}: {e} while executing {describe(w.pc)} "
+                        f"in {w.where()}"
+                    ) from e
                 e.add_note(f"[emu] while executing {describe(w.pc)} in {w.where()}")
                 raise
             if r == END:

@@ -445,6 +445,13 @@ _reg("v_mfma_f32_16x16x32_bf16", 16, 16, 32, "bf16", "bf16", ("gfx950",))
 _reg("v_mfma_f32_32x32x16_f16", 32, 32, 16, "f16", "f16", ("gfx950",))
 _reg("v_mfma_f32_32x32x16_bf16", 32, 32, 16, "bf16", "bf16", ("gfx950",))
 
+# int8 forms: i32 accumulators, same §7.1.4 layouts (checked entry by entry against
+# amd_matrix_instruction_calculator, CDNA3); gfx950 adds the double-K ones (CDNA4 §7.1.2)
+_reg("v_mfma_i32_16x16x32_i8", 16, 16, 32, "i8", "i8", _BOTH)
+_reg("v_mfma_i32_32x32x16_i8", 32, 32, 16, "i8", "i8", _BOTH)
+_reg("v_mfma_i32_16x16x64_i8", 16, 16, 64, "i8", "i8", ("gfx950",))
+_reg("v_mfma_i32_32x32x32_i8", 32, 32, 32, "i8", "i8", ("gfx950",))
+
 MFMA_MNEMONICS = tuple(sorted(_MFMA_TABLE))
 
 
@@ -600,6 +607,8 @@ def mfma(mnemonic: str, a, b, c, arch: str = "gfx942", *, fp16_ovfl: bool = Fals
     a = _check_regs(a, s.in_regs, "A")
     b = _check_regs(b, s.in_regs, "B")
     c = _check_regs(c, s.c_regs, "C")
+    if s.a_type == "i8":
+        return _mfma_i8(s, a, b, c, _layout(s.name))
     G, kl = 64 // s.M, s.k_per_lane
     av = _values(_items(a, s.bits), s.a_type, fmt)           # (64, K_L)
     bv = _values(_items(b, s.bits), s.b_type, fmt)
@@ -616,6 +625,21 @@ def mfma(mnemonic: str, a, b, c, arch: str = "gfx942", *, fp16_ovfl: bool = Fals
     dbits = np.where(np.isnan(D32), np.uint32(0x7FC00000), dbits)
     out = np.empty((s.c_regs, 64), dtype=np.uint32)
     out[L["c_reg"], L["c_lane"]] = dbits
+    return out
+
+
+def _mfma_i8(s, a, b, c, L):
+    """V_MFMA_I32_*_I8: D.i32 = C.i32 + sum of int8 products, exact, wrapping to 32 bits (the
+    guide gives no saturation for the integer MFMAs)."""
+    G, kl = 64 // s.M, s.k_per_lane
+    av = _items(a, 8).astype(np.uint8).view(np.int8).astype(np.int64)
+    bv = _items(b, 8).astype(np.uint8).view(np.int8).astype(np.int64)
+    A = av.reshape(G, s.M, kl).transpose(1, 0, 2).reshape(s.M, s.K)
+    B = bv.reshape(64 // s.N, s.N, kl).transpose(0, 2, 1).reshape(s.K, s.N)
+    C = c[L["c_reg"], L["c_lane"]].view(np.int32).astype(np.int64)
+    D = ((A @ B + C) & 0xFFFFFFFF).astype(np.uint32)
+    out = np.empty((s.c_regs, 64), dtype=np.uint32)
+    out[L["c_reg"], L["c_lane"]] = D
     return out
 
 
@@ -915,3 +939,173 @@ def maximum3_f32(a, b, c) -> np.ndarray:
 def minimum3_f32(a, b, c) -> np.ndarray:
     """V_MINIMUM3_F32 (gfx950): ``v_minimum_f32(v_minimum_f32(S0, S1), S2)``."""
     return minimum_f32(minimum_f32(a, b), c)
+
+
+# --------------------------------------------------------------------------------------------
+# IEEE f32 division: V_DIV_SCALE_F32, V_DIV_FMAS_F32, V_DIV_FIXUP_F32 (CDNA3/CDNA4 §12.11)
+# --------------------------------------------------------------------------------------------
+# LLVM lowers an IEEE ``fdiv float`` n / d to
+#   ds = div_scale(d, d, n); ns, vcc = div_scale(n, d, n); r = rcp(ds);
+#   Newton-Raphson refinement of r and of q = ns * r with fma;
+#   q' = div_fmas(err, r, q, vcc); result = div_fixup(q', d, n).
+# div_scale moves operands whose quotient or reciprocal would leave the normal range by 2^+-64
+# (and raises VCC when only one of them moved, so the quotient is off by 2^+-64); div_fmas
+# undoes that in its one rounding; div_fixup supplies the IEEE special cases.
+#
+# Where the guide's pseudo-code cannot be read literally we take the reading that makes the
+# sequence above an IEEE division (and test exactly that, tests/test_emu_div.py):
+# * "1.0 / 64'F(S1) == DENORM.f64" is never true for an f32 S1; it is read as "1/S1 would be an
+#   f32 denormal" (|S1| > 2^126), the case where V_RCP_F32 would flush its result;
+# * V_DIV_FMAS_F32's "2.0F ** 32 * fma(...)" cannot undo a 2^64 scaling; the factor is taken as
+#   2^64 when S2 (the scaled quotient) has exponent > 127 and 2^-64 otherwise, the shape the
+#   guide gives for V_DIV_FMAS_F64 (2^+-128 around exponent 1023);
+# * when both operands would need the same scaling (denormal divisor, tiny dividend) both are
+#   scaled and VCC stays 0; when 1/S1 and S2/S1 would both be denormal only the divisor is
+#   scaled (down) and VCC is set;
+# * V_DIV_FIXUP_F32 returns +-inf for a NaN quotient that is not explained by a NaN input
+#   (an overflowed scaled quotient: inf - inf inside the refinement).
+
+_EXP = np.uint32(0x7F800000)
+_MAN = np.uint32(0x007FFFFF)
+_SIGN = np.uint32(0x80000000)
+
+
+def _exponent(bits):
+    return ((bits >> np.uint32(23)) & np.uint32(0xFF)).astype(np.int64)
+
+
+def _is_denorm_bits(bits):
+    return ((bits & _EXP) == 0) & ((bits & _MAN) != 0)
+
+
+def div_scale_f32(s0, s1, s2):
+    """V_DIV_SCALE_F32: (D, vcc) with S1 the divisor and S2 the dividend; S0 is the one this
+    instruction scales (LLVM passes S0 = S1 for the divisor and S0 = S2 for the dividend)."""
+    b0, b1, b2 = np.broadcast_arrays(f32_bits(s0), f32_bits(s1), f32_bits(s2))
+    x0, x1, x2 = _to64(b0), _to64(b1), _to64(b2)
+    e1, e2 = _exponent(b1), _exponent(b2)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        rcp_denorm = (np.abs(x1) > 2.0 ** 126) & np.isfinite(x1)
+        q = np.abs(x2 / x1)
+    quot_denorm = (q < 2.0 ** -126) & (q != 0) & np.isfinite(q)
+    up = f32_bits(ldexp_f32(bits_f32(b0), 64))
+    down = f32_bits(ldexp_f32(bits_f32(b0), -64))
+    is_den, is_num = x0 == x1, x0 == x2
+    zero = (x1 == 0) | (x2 == 0)
+    c_big = ~zero & (e2 - e1 >= 96)                       # dividend near f32 max over divisor
+    rest = ~zero & ~c_big
+    c_den = rest & _is_denorm_bits(b1)                    # denormal divisor: scale both up
+    rest &= ~c_den
+    c_both = rest & rcp_denorm & quot_denorm
+    rest &= ~c_both
+    c_rcp = rest & rcp_denorm                             # huge divisor: scale both down
+    rest &= ~c_rcp
+    c_q = rest & quot_denorm                              # denormal quotient: dividend up
+    rest &= ~c_q
+    c_tiny = rest & (e2 <= 23)                            # tiny dividend: scale both up
+    d = b0.copy()
+    d = np.where((c_big & is_den) | c_den | c_tiny | (c_q & is_num & ~is_den), up, d)
+    d = np.where((c_both & is_den) | c_rcp, down, d)
+    d = np.where(zero, DEFAULT_NAN_BITS, d)
+    return bits_f32(d.astype(np.uint32)), c_big | c_both | c_q
+
+
+def div_fmas_f32(s0, s1, s2, vcc):
+    """V_DIV_FMAS_F32: fma(S0, S1, S2), times 2^+-64 in the same rounding where VCC is set."""
+    b0, b1, b2 = np.broadcast_arrays(f32_bits(s0), f32_bits(s1), f32_bits(s2))
+    vcc = np.broadcast_to(np.asarray(vcc, bool), b0.shape)
+    plain = fma_f32(bits_f32(b0), bits_f32(b1), bits_f32(b2))
+    if not vcc.any():
+        return plain
+    a, b, c = _to64(b0), _to64(b1), _to64(b2)
+    scale = np.where(_exponent(b2) > 127, 2.0 ** 64, 2.0 ** -64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        # round-to-odd keeps the single rounding exact also when the scaled result is an f32
+        # denormal (the scaling by a power of two is exact in float64)
+        scaled = (_add_round_to_odd(a * b, c) * scale).astype(np.float32)
+    rb = np.where(np.isnan(scaled), f32_bits(plain), f32_bits(scaled))
+    return np.where(vcc, bits_f32(rb), plain).astype(np.float32)
+
+
+def div_fixup_f32(s0, s1, s2):
+    """V_DIV_FIXUP_F32: S0 the quotient, S1 the divisor, S2 the dividend; IEEE special cases."""
+    b0, b1, b2 = np.broadcast_arrays(f32_bits(s0), f32_bits(s1), f32_bits(s2))
+    x1, x2 = _to64(b1), _to64(b2)
+    neg = ((b1 ^ b2) & _SIGN) != 0
+    sign = np.where(neg, _SIGN, np.uint32(0))
+    inf_b = sign | _EXP
+    zero_b = sign
+    mag = b0 & ~_SIGN
+    out = np.where(_is_nan_bits(b0) | ((b0 & ~_SIGN) == _EXP), inf_b, sign | mag)
+    e1, e2 = _exponent(b1), _exponent(b2)
+    out = np.where(e2 - e1 < -150, zero_b, out)              # quotient below half the smallest denormal
+    out = np.where(np.isinf(x1) | (x2 == 0), zero_b, out)
+    out = np.where((x1 == 0) | np.isinf(x2), inf_b, out)
+    out = np.where(np.isinf(x1) & np.isinf(x2), DEFAULT_NAN_BITS, out)
+    out = np.where((x1 == 0) & (x2 == 0), DEFAULT_NAN_BITS, out)
+    out = np.where(_is_nan_bits(b1), _quiet(b1), out)
+    out = np.where(_is_nan_bits(b2), _quiet(b2), out)
+    return bits_f32(out.astype(np.uint32))
+
+
+# --------------------------------------------------------------------------------------------
+# gfx950 V_MFMA_F32_{16X16X128,32X32X64}_F8F6F4 (CDNA4 §7.1.2, §7.3 "MX formats")
+# --------------------------------------------------------------------------------------------
+# CBSZ selects A's format and BLGP B's (0 fp8 e4m3, 1 bf8 e5m2, 2 fp6 e2m3, 3 bf6 e3m2, 4 fp4
+# e2m1); items are packed back to back, little-endian, across the dwords of a lane, so A/B take
+# 8, 6 or 4 VGPRs. fp8/bf8 are the OCP formats of gfx950; the fp6/fp4 ones have no inf or NaN.
+# The lane layout is the §7.1.4 formula with K_L = K * M / 64 items per lane (lane i + M * g
+# holds k = K_L * g .. K_L * g + K_L - 1); amd_matrix_instruction_calculator has no CDNA4 data to
+# check it against. Accumulation as in :func:`mfma`.
+
+F8F6F4_FORMATS = {0: ("fp8", 8), 1: ("bf8", 8), 2: ("fp6", 6), 3: ("bf6", 6), 4: ("fp4", 4)}
+_MINI = {"fp6": (2, 3, 1), "bf6": (3, 2, 3), "fp4": (2, 1, 1)}  # exponent bits, mantissa bits, bias
+F8F6F4_SHAPES = {"v_mfma_f32_16x16x128_f8f6f4": (16, 16, 128), "v_mfma_f32_32x32x64_f8f6f4": (32, 32, 64)}
+
+
+def f8f6f4_regs(fmt_code: int, M: int, K: int) -> int:
+    """VGPRs one lane's A (or B) items take for this format."""
+    return K * M // 64 * F8F6F4_FORMATS[fmt_code][1] // 32
+
+
+def _unpack_items(regs, bits, n):
+    by = np.ascontiguousarray(np.asarray(regs, np.uint32).T).view(np.uint8)      # (64, R*4)
+    bitv = np.unpackbits(by, axis=1, bitorder="little")[:, : n * bits].reshape(64, n, bits)
+    return (bitv.astype(np.uint32) << np.arange(bits, dtype=np.uint32)).sum(axis=2).astype(np.uint32)
+
+
+def _mini_decode(codes, kind):
+    e_bits, m_bits, bias = _MINI[kind]
+    sign = np.where((codes >> (e_bits + m_bits)) & 1, -1.0, 1.0)
+    e = (codes >> m_bits) & ((1 << e_bits) - 1)
+    m = codes & ((1 << m_bits) - 1)
+    mag = np.where(e == 0, m * 2.0 ** (1 - bias - m_bits), (1 + m / 2.0 ** m_bits) * np.exp2(e.astype(np.float64) - bias))
+    return sign * mag
+
+
+def mfma_f8f6f4(mnemonic: str, a, b, c, cbsz: int = 0, blgp: int = 0) -> np.ndarray:
+    """D = A x B + C for the gfx950 mixed-format MFMA; a/b are the (regs, 64) source rows."""
+    M, N, K = F8F6F4_SHAPES[mnemonic]
+    kl = K * M // 64
+
+    def values(regs, code):
+        kind, bits = F8F6F4_FORMATS[code]
+        items = _unpack_items(regs, bits, kl)
+        if bits == 8:
+            return _to64(f32_bits(_decode(items, kind, "ocp")))
+        return _mini_decode(items.astype(np.int64), kind)
+
+    av, bv = values(a, cbsz), values(b, blgp)
+    G = 64 // M
+    A = av.reshape(G, M, kl).transpose(1, 0, 2).reshape(M, K)
+    B = bv.reshape(64 // N, N, kl).transpose(0, 2, 1).reshape(K, N)
+    ref = "v_mfma_f32_16x16x4_f32" if M == 16 else "v_mfma_f32_32x32x2_f32"   # same C/D layout
+    L = _layout(ref)
+    c = _check_regs(c, M * N // 64, "C")
+    C = _to64(c[L["c_reg"], L["c_lane"]])
+    with np.errstate(over="ignore", invalid="ignore"):
+        D32 = _add_round_to_odd(A @ B, C).astype(np.float32)
+    dbits = np.where(np.isnan(D32), np.uint32(0x7FC00000), f32_bits(D32))
+    out = np.empty((M * N // 64, 64), dtype=np.uint32)
+    out[L["c_reg"], L["c_lane"]] = dbits
+    return out

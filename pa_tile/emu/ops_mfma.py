@@ -52,3 +52,40 @@ def _mfma(ctx):
 for _m in nx.MFMA_MNEMONICS:
     if _m not in OPS:
         op(_m)(_mfma)
+
+
+@op(*nx.F8F6F4_SHAPES, archs=("gfx950",))
+def _mfma_f8f6f4(ctx):
+    """gfx950 mixed-format MFMA: ``cbsz`` / ``blgp`` name A's / B's element format here (not the
+    broadcast controls of the other MFMAs), and fix how many VGPRs each source spans."""
+    ctx.need(4)
+    extra = set(ctx.mods) - {"cbsz", "blgp", "abid"}
+    if extra or int(ctx.mods.get("abid", 0)):
+        raise ctx.fail(f"modifiers {sorted(extra) or ['abid']}")
+    cbsz, blgp = int(ctx.mods.get("cbsz", 0)), int(ctx.mods.get("blgp", 0))
+    if cbsz not in nx.F8F6F4_FORMATS or blgp not in nx.F8F6F4_FORMATS:
+        raise ctx.fail(f"cbsz:{cbsz} blgp:{blgp} name no format")
+    M, N, K = nx.F8F6F4_SHAPES[ctx.base]
+    nc = M * N // 64
+    d, a, b, c = ctx.ops
+    na, nb = nx.f8f6f4_regs(cbsz, M, K), nx.f8f6f4_regs(blgp, M, K)
+    # LLVM prints the 8-register range for every format; the instruction reads only the first ones
+    for o, n, what in ((a, na, "A"), (b, nb, "B")):
+        if o.kind not in ("v", "a") or o.count < n:
+            raise ctx.fail(f"{what} operand {o} should be at least {n} vector registers")
+    if d.kind not in ("v", "a") or d.count != nc:
+        raise ctx.fail(f"D operand {d} should be {nc} vector registers")
+    rd, ra, rb = ctx.vrow(d), ctx.vrow(a), ctx.vrow(b)
+    if c.kind == "imm":
+        cval = np.full((nc, LANES), const_bits(c, "f32"), _U32)
+        getc = lambda w: cval  # noqa: E731
+    elif c.kind in ("v", "a") and c.count == nc:
+        rc = ctx.vrow(c)
+        getc = lambda w: w.v[rc:rc + nc]  # noqa: E731
+    else:
+        raise ctx.fail(f"C operand {c} should be {nc} vector registers or a constant")
+    name = ctx.base
+
+    def h(w):
+        w.v[rd:rd + nc] = nx.mfma_f8f6f4(name, w.v[ra:ra + na], w.v[rb:rb + nb], getc(w), cbsz, blgp)
+    return h

@@ -718,6 +718,8 @@ for _c, _fn in _ICMP.items():
 def _classify(a, mask):
     """V_CMP_CLASS_F32: bit of S1 for the class of S0 (0 sNaN, 1 qNaN, 2 -inf, 3 -norm,
     4 -denorm, 5 -0, 6 +0, 7 +denorm, 8 +norm, 9 +inf)."""
+    # S1 is a bit mask, but the compare builder reads both sources as f32: use its bits.
+    mask = np.asarray(mask).view(U32)
     b = np.atleast_1d(a).view(U32)
     neg = (b >> U32(31)) == 1
     exp = (b >> U32(23)) & U32(0xFF)

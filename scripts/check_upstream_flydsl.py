@@ -1,0 +1,251 @@
+"""Run FlyDSL's own examples in pa_tile's emulator, on CPU tensors, for gfx942 and gfx950.
+
+Usage: python scripts/check_upstream_flydsl.py /path/to/FlyDSL-checkout [example.py ... | --kernels [warn] | --tests test_file.py ...]
+
+A check of the emulator's reach, not part of the test suite. Nothing of FlyDSL is copied: each
+example file is read from the given checkout and executed with its CUDA device strings mapped to
+CPU at run time (``"cuda"`` -> ``"cpu"``, ``torch.cuda.Stream()`` -> the default stream,
+``torch.cuda.current_stream()`` -> the default stream, ``torch.cuda.synchronize()`` -> no-op); the example's own PASS/FAIL check decides. Prints one
+line per example and arch: PASS, FAIL, or the first error line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import re
+import sys
+import traceback
+from pathlib import Path
+
+DEFAULT = ["examples/01-vectorAdd.py", "examples/02-tiledCopy.py", "examples/03-tiledMma.py",
+           "examples/04-preshuffle_gemm.py", "examples/05-gather_scatter.py",
+           "examples/extension/coop/01-warp_collectives.py", "examples/extension/coop/02-block_scan.py"]
+
+
+def _cpu_source(text: str) -> str:
+    text = re.sub(r"torch\.cuda\.Stream\(\)", "None", text)
+    return text.replace('"cuda"', '"cpu"').replace("'cuda'", "'cpu'")
+
+
+def run_one(root: Path, rel: str, arch: str) -> str:
+    import torch
+
+    from pa_tile import toolchain
+
+    path = root / rel
+    src = _cpu_source(path.read_text())
+    out = io.StringIO()
+    torch.cuda.synchronize = lambda *a, **k: None
+    torch.Tensor.cuda = lambda self, *a, **k: self
+    torch.cuda.current_stream = lambda *a, **k: None
+    sys.path.insert(0, str(root))
+    try:
+        with toolchain.target_arch(arch), contextlib.redirect_stdout(out):
+            exec(compile(src, str(path), "exec"), {"__name__": "__main__", "__file__": str(path)})
+    except SystemExit as e:
+        if e.code not in (0, None):
+            return f"FAIL (exit {e.code}) {out.getvalue().strip().splitlines()[-1:]}"
+    except Exception as e:  # report and go on with the next example
+        while e.__cause__ is not None and "re-raised" in str(e):
+            e = e.__cause__
+        last = " ".join(traceback.format_exception_only(type(e), e)).strip().replace("\n", " ")
+        return f"ERROR {last[:400]}"
+    finally:
+        sys.path.remove(str(root))
+    text = out.getvalue()
+    if "FAIL" in text:
+        return "FAIL " + " | ".join(text.strip().splitlines()[-3:])[:300]
+    return "PASS" if "PASS" in text or text else "ran (no verdict printed)"
+
+
+# ----------------------------------------------------------------------------- kernel builders
+# FlyDSL's kernel tests are GPU pytest modules; these call the same builders directly with small
+# CPU tensors and compare with torch, the way those tests do (``--kernels``).
+
+def _softmax(dtype):
+    import torch
+    from kernels.norm.softmax_kernel import build_softmax_module
+
+    M, N = 4, 256
+    torch.manual_seed(0)
+    a = (torch.rand(M, N) * 4 - 2).to(dtype)
+    c = torch.empty(M, N, dtype=dtype)
+    build_softmax_module(M, N, {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}[dtype])(a, c, M)
+    return (c.float() - torch.softmax(a.float(), 1)).abs().max().item(), 1e-5 if dtype == torch.float32 else 1e-2
+
+
+def _rmsnorm(dtype):
+    import torch
+    import flydsl.compiler as flyc
+    from kernels.norm.rmsnorm_kernel import build_rmsnorm_module
+
+    M, N = 4, 256
+    torch.manual_seed(0)
+    x, g = torch.randn(M, N).to(dtype), torch.rand(N).to(dtype)
+    out = torch.empty(M, N, dtype=dtype)
+    fn = build_rmsnorm_module(N, {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}[dtype])
+    flyc.compile(fn, x, g, out, M, None)(x, g, out, M, None)
+    xf = x.float()
+    ref = xf * torch.rsqrt(xf.pow(2).mean(1, keepdim=True) + 1e-5) * g.float()
+    return (out.float() - ref).abs().max().item(), 1e-4 if dtype == torch.float32 else 2e-2
+
+
+def kernel_checks():
+    import torch
+
+    return {f"softmax {d}": (lambda d=d: _softmax(d)) for d in (torch.float32, torch.float16, torch.bfloat16)} | \
+        {f"rmsnorm {d}": (lambda d=d: _rmsnorm(d)) for d in (torch.float32, torch.bfloat16)}
+
+
+def run_kernels(root: Path, lds_races: str = "raise") -> None:
+    from pa_tile import toolchain
+    from pa_tile.emu import launch
+
+    sys.path.insert(0, str(root))
+    for name, fn in kernel_checks().items():
+        for arch in ("gfx942", "gfx950"):
+            try:
+                with toolchain.target_arch(arch), contextlib.redirect_stdout(io.StringIO()), \
+                        launch.launch_options(lds_races=lds_races):
+                    err, tol = fn()
+                verdict = f"{'PASS' if err <= tol else 'FAIL'} (max abs err {err:.3g}, tol {tol:g})"
+            except Exception as e:
+                while e.__cause__ is not None and "re-raised" in str(e):
+                    e = e.__cause__
+                verdict = "ERROR " + " ".join(traceback.format_exception_only(type(e), e)).strip().replace("\n", " ")[:400]
+            print(f"{name:55s} {arch}: {verdict}", flush=True)
+
+
+# ----------------------------------------------------------------------------- test modules
+# ``--tests file.py ...``: a FlyDSL pytest module read with the same CUDA -> CPU mapping (and
+# ``torch.cuda.is_available()`` answering True, so GPU-only tests are not skipped); every test
+# function is called once per ``pytest.mark.parametrize`` combination. Fixtures are not provided:
+# tests that need them are reported as such.
+
+def _cpu_factories(torch) -> None:
+    """Helper modules imported by the tests are not rewritten; their tensor factories get
+    ``device="cuda"`` mapped to CPU here instead."""
+    import functools
+
+    def cpu(fn):
+        @functools.wraps(fn)
+        def wrapped(*a, **k):
+            if str(k.get("device", "")).startswith("cuda"):
+                k["device"] = "cpu"
+            return fn(*a, **k)
+        return wrapped
+    for name in ("empty", "zeros", "ones", "full", "arange", "rand", "randn", "randint", "tensor", "empty_like",
+                 "zeros_like", "ones_like", "full_like", "rand_like", "randn_like", "randint_like", "randperm",
+                 "linspace", "eye", "as_tensor", "empty_strided"):
+        if not getattr(getattr(torch, name), "_pa_tile_cpu", False):
+            f = cpu(getattr(torch, name))
+            f._pa_tile_cpu = True
+            setattr(torch, name, f)
+
+
+def _param_sets(fn):
+    import itertools
+
+    marks = [m for m in getattr(fn, "pytestmark", []) if m.name == "parametrize"]
+    axes = []
+    for m in marks:
+        names = [n.strip() for n in (m.args[0].split(",") if isinstance(m.args[0], str) else m.args[0])]
+        vals = [v.values if hasattr(v, "values") else v for v in m.args[1]]
+        axes.append([dict(zip(names, v if len(names) > 1 else (v,))) for v in vals])
+    for combo in itertools.product(*axes):
+        kw = {}
+        for d in combo:
+            kw.update(d)
+        yield kw
+
+
+def run_tests(root: Path, files, lds_races: str = "raise") -> None:
+    import inspect
+
+    import torch
+
+    from pa_tile import toolchain
+    from pa_tile.emu import launch
+
+    torch.cuda.is_available = lambda: True
+    _cpu_factories(torch)
+    torch.cuda.synchronize = lambda *a, **k: None
+    torch.cuda.current_stream = lambda *a, **k: None
+    torch.Tensor.cuda = lambda self, *a, **k: self
+    sys.path.insert(0, str(root))
+    try:
+        import pandas  # noqa: F401
+    except ImportError:  # FlyDSL's test helpers import it for their perf tables only
+        import types
+
+        stub = types.ModuleType("pandas")
+        stub.__getattr__ = lambda name: (lambda *a, **k: None)
+        sys.modules["pandas"] = stub
+    import types as _t
+
+    # kernels size their grids by the CU count
+    torch.cuda.get_device_properties = lambda *a, **k: _t.SimpleNamespace(
+        multi_processor_count=256, gcnArchName=os.environ.get("ARCH", "gfx942"), name="pa_tile emulator")
+    for rel in files:
+        path = root / rel
+        sys.path.insert(0, str(path.parent))   # sibling helper modules (coop_common, ...)
+        ns = {"__name__": "upstream_test", "__file__": str(path)}
+        try:
+            exec(compile(_cpu_source(path.read_text()), str(path), "exec"), ns)
+        except Exception as e:
+            print(f"{rel}: not loaded ({type(e).__name__}: {e})")
+            continue
+        for name, fn in list(ns.items()):
+            if not name.startswith("test_") or not callable(fn) or name.endswith("_full") or "perf" in name:
+                continue   # the exhaustive "_full" sweeps and benchmarks are too big to emulate
+            if any(m.name == "skip" or (m.name == "skipif" and m.args and m.args[0]) for m in getattr(fn, "pytestmark", [])):
+                print(f"{rel}::{name}: skipped by its own marker")
+                continue
+            for kw in _param_sets(fn):
+                missing = [p for p in inspect.signature(fn).parameters if p not in kw]
+                for arch in ("gfx942", "gfx950"):
+                    label = f"{rel}::{name}{'[' + ','.join(map(str, kw.values())) + ']' if kw else ''} {arch}"
+                    if missing:
+                        print(f"{label}: not run (needs fixtures {missing})")
+                        break
+                    try:
+                        with toolchain.target_arch(arch), contextlib.redirect_stdout(io.StringIO()), \
+                                launch.launch_options(lds_races=lds_races):
+                            fn(**kw)
+                        verdict = "PASS"
+                    except Exception as e:
+                        while e.__cause__ is not None and "re-raised" in str(e):
+                            e = e.__cause__
+                        verdict = "FAIL " + " ".join(traceback.format_exception_only(type(e), e)).strip().replace("\n", " ")[:300]
+                    print(f"{label}: {verdict}", flush=True)
+
+
+def main(argv):
+    if not argv:
+        print(__doc__)
+        return 2
+    root = Path(argv[0])
+    from pa_tile import backend
+
+    backend.set_backend("emu")
+    backend.ensure_backend()
+    if argv[1:2] == ["--kernels"]:
+        # --kernels warn: report LDS races as warnings and still compare the results
+        run_kernels(root, *argv[2:3])
+        return 0
+    if argv[1:2] == ["--tests"]:
+        run_tests(root, argv[2:])
+        return 0
+    files = argv[1:] or DEFAULT
+    for rel in files:
+        for arch in ("gfx942", "gfx950"):
+            print(f"{rel:55s} {arch}: {run_one(root, rel, arch)}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
+
+
