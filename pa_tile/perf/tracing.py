@@ -20,7 +20,7 @@ from typing import Dict, List, Optional
 from ._table import format_rows
 from .roofline import DecodeShape
 
-__all__ = ["TILE_TOKENS", "TraceReport", "report_from_trace", "trace_stage", "trace_tiny"]
+__all__ = ["TILE_TOKENS", "TraceReport", "report_from_trace", "trace_stage", "trace_tiny", "compulsory_bytes"]
 
 #: Tokens per tile for the "instructions per tile" figure (the stages' workgroup tile).
 TILE_TOKENS = 256
@@ -33,6 +33,7 @@ class TraceReport:
     vmem: List[Dict]
     lds: List[Dict]
     scalar_loads: int
+    scalar_load_bytes: int
     dynamic_instructions: int
     families: Dict[str, int]
     tiles: Optional[int] = None
@@ -42,6 +43,15 @@ class TraceReport:
     @property
     def instructions_per_tile(self) -> Optional[float]:
         return self.dynamic_instructions / self.tiles if self.tiles else None
+
+    def traffic(self) -> Optional[Dict]:
+        """Global bytes loaded (vector + scalar) against the compulsory bytes of the call's shape."""
+        if self.shape is None:
+            return None
+        loaded = sum(r["bytes"] for r in self.vmem if r["op"] == "load") + self.scalar_load_bytes
+        need, visible = compulsory_bytes(self.shape), compulsory_bytes(self.shape, visible_only=True)
+        return dict(loaded_bytes=loaded, compulsory_bytes=need, visible_bytes=visible,
+                    vs_compulsory=loaded / need, vs_visible=loaded / visible)
 
     def totals(self) -> Dict:
         """Whole-run figures: load bytes and segments, overall efficiency, LDS conflict cycles."""
@@ -65,8 +75,9 @@ class TraceReport:
     def to_dict(self) -> Dict:
         return dict(kernel=self.kernel, arch=self.arch, shape=self.shape.to_dict() if self.shape else None,
                     vmem=self.vmem, lds=self.lds, scalar_loads=self.scalar_loads,
+                    scalar_load_bytes=self.scalar_load_bytes,
                     dynamic_instructions=self.dynamic_instructions, families=self.families, tiles=self.tiles,
-                    totals=self.totals(), check=self.check.to_dict() if self.check is not None else None)
+                    totals=self.totals(), traffic=self.traffic(), check=self.check.to_dict() if self.check is not None else None)
 
     def format(self) -> str:
         head = f"memory-access trace: {self.kernel} on {self.arch}"
@@ -90,12 +101,36 @@ class TraceReport:
                 + ", ".join(f"{k} {v}" for k, v in self.families.items() if v) + ")",
                 f"global loads: {t['load_bytes']} B in {t['load_segments']} segments, "
                 f"efficiency {t['load_efficiency']:.2f}; LDS conflict cycles {t['lds_conflict_cycles']}"]
+        tr = self.traffic()
+        if tr is not None:
+            out.append(f"traffic: {tr['loaded_bytes']} B loaded (vector + scalar) = {tr['vs_compulsory']:.2f}x the "
+                       f"compulsory {tr['compulsory_bytes']} B ({tr['vs_visible']:.2f}x the visible tokens' "
+                       f"{tr['visible_bytes']} B)")
         if self.tiles:
             out.append(f"instructions per {TILE_TOKENS}-token tile: {self.instructions_per_tile:.1f} "
                        f"({self.tiles} (sequence, KV head, tile) triples)")
         return "\n".join(out)
 
     __str__ = format
+
+
+def compulsory_bytes(shape: DecodeShape, *, visible_only: bool = False) -> int:
+    """Bytes one decode call must load at least: each sequence's K and V for its context, once
+    per KV head (rounded up to the kernels' 256-token tile unless ``visible_only``), the query,
+    the per-token scales of those tokens, one block-table entry per page, the context lengths
+    and the per-tensor scales. Issue #12 defines it; traffic is measured against it."""
+    kvh, hd = shape.num_kv_heads, shape.head_dim
+    total = shape.batch * 4  # context lengths
+    total += shape.batch * shape.query_length * shape.num_q_heads * hd * shape.query_bytes
+    for L in shape.context_lengths:
+        tokens = L if visible_only else -(-L // TILE_TOKENS) * TILE_TOKENS
+        total += 2 * tokens * kvh * hd * shape.kv_bytes  # K and V, once
+        if shape.scales == "per-token":
+            total += 2 * tokens * kvh * 4
+        total += -(-L // shape.block_size) * 4  # one page id per page of the context
+    if shape.scales != "per-token":
+        total += 8
+    return total
 
 
 def _op(mnemonic: str) -> str:
@@ -106,7 +141,7 @@ def report_from_trace(trace, kernel: str, *, shape: Optional[DecodeShape] = None
     """Condense a ``Trace`` into per-instruction rows and totals."""
     from ..isa import FAMILIES, instruction_family
 
-    vmem, lds, scalar = [], [], 0
+    vmem, lds, scalar, scalar_bytes = [], [], 0, 0
     for r in trace.summary():
         n = r["executions"]
         if r["space"] in ("global", "buffer"):
@@ -120,13 +155,15 @@ def report_from_trace(trace, kernel: str, *, shape: Optional[DecodeShape] = None
                             mean_degree=r["mean_degree"], conflict_cycles=r["conflict_cycles"]))
         else:
             scalar += n
+            scalar_bytes += r["bytes"]
     fam = {f: 0 for f in FAMILIES}
     for m, c in trace.counts.items():
         fam[instruction_family(m)] += c
     tiles = None
     if shape is not None:
         tiles = shape.num_kv_heads * sum(-(-L // TILE_TOKENS) for L in shape.context_lengths)
-    return TraceReport(kernel, trace.arch, vmem, lds, scalar, sum(trace.counts.values()), fam, tiles, shape)
+    return TraceReport(kernel, trace.arch, vmem, lds, scalar, scalar_bytes, sum(trace.counts.values()), fam, tiles,
+                       shape)
 
 
 def _require_emulator():
