@@ -578,13 +578,9 @@ from pa_tile.stages.s2_register_softmax import launch_args  # noqa: E402
 def isa_stats(stage, arch, block_size=16, group=8):
     # compiling needs no device: CPU tensors let a GPU machine compile for the other arch too
     case = cache.make_case(1, group, 1, 128, block_size, 17, fp8_format=fp8_format(arch), device="cpu")
-    if stage == 1:
-        launch = s1_tile_qk.build_launcher(arch, block_size, group, 1.0 / math.sqrt(128))
-        args = (case.query, case.k_cache, case.v_plain(), case.block_tables, case.context_lengths,
-                case.k_scale, case.v_scale, torch.empty_like(case.query), 1, 1)
-    else:
-        launch, args, _ = launch_args(case.query, case.k_cache, case.v_plain(), case.block_tables,
-                                      case.context_lengths, case.k_scale, case.v_scale, arch=arch)
+    stage_launch_args = s1_tile_qk.launch_args if stage == 1 else launch_args  # one contract for both
+    launch, args, _ = stage_launch_args(case.query, case.k_cache, case.v_plain(), case.block_tables,
+                                        case.context_lengths, case.k_scale, case.v_scale, arch=arch)
     return isa.IsaStats.from_asm(toolchain.compile_isa(launch, *args, arch=arch))
 
 

@@ -208,6 +208,46 @@ plt.show()
 # without a GPU.
 
 # %% [markdown]
+# ### Traffic against the compulsory bytes
+#
+# Decode is memory-bound, so the figure that matters most is how many bytes a call loads
+# against the fewest it could: each sequence's K and V for its context (rounded up to the
+# 256-token tile) once per KV head, plus the query, per-token scales and one block-table entry
+# per page (`pa_tile.perf.tracing.compulsory_bytes`). The emulator counts every vector and
+# scalar global load of the call (all kernels of it). Batch 3 × 1027 tokens, one KV head, pages
+# of 16, gfx942, each stage's default partitions:
+
+# %% tags=["nbval-ignore-output"]
+from pa_tile.perf import tracing  # noqa: E402
+from pa_tile.perf.roofline import DecodeShape  # noqa: E402
+
+TRAFFIC_CONFIGS = [(s, 1, 8) for s in ("s2", "s3", "s4") if s in usable] + [
+    (s, ql, g) for s in ("s5", "s6") if s in usable for ql in (1, 4) for g in (8, 16)]
+if backend.current_backend() == "emu":
+    traffic = []
+    for s, ql, g in TRAFFIC_CONFIGS:
+        shape = DecodeShape(batch=3, context=1027, num_q_heads=g, num_kv_heads=1, head_dim=128, block_size=16,
+                            query_length=ql)
+        rep = tracing.trace_stage(s, shape, "gfx942")
+        tr = rep.traffic()
+        traffic.append(dict(stage=s, query_length=ql, group=g, loaded_MB=tr["loaded_bytes"] / 1e6,
+                            x_compulsory=tr["vs_compulsory"], x_visible=tr["vs_visible"], correct=rep.check.ok))
+    print(format_rows(traffic, headers=dict(x_compulsory="x compulsory", x_visible="x visible tokens")))
+    assert all(t["correct"] for t in traffic)
+else:
+    print("ran on the GPU: memory traces are recorded only by the emulator (PA_TILE_BACKEND=emu)")
+
+# %% [markdown]
+# At one query token per sequence the stages load 1.07-1.23x the compulsory bytes: stages 2
+# and 5 about 1.08x, stages 3-4 about 1.18x (their K prefetch loads one tile past the last),
+# the split of stage 6 about 1.2x (a partition of three tiles over a five-tile context loads
+# six). At `query_length` 4 the rows of a KV head fill two M-tiles (group 8) or four (group 16),
+# and the default gives each M-tile its own workgroup (fewer registers, more occupancy), each
+# re-reading the KV head's K and V: 2.1-2.4x and 4.1-4.7x. Keeping every M-tile of a KV head in one workgroup
+# (the phase split, chapter 5) would load each byte once; that is the next step of this kernel
+# (issue #12), and this table is how it will be measured.
+
+# %% [markdown]
 # ## 4 · Timings (ROCm GPU only)
 #
 # On a machine with a ROCm GPU this cell runs the benchmark harness (`python -m pa_tile bench`,
