@@ -3,11 +3,13 @@
 Submodules (imported on demand, so ``import pa_tile`` stays cheap):
 ``arch`` (gfx942/gfx950 facts), ``problem`` (the one validation step), ``kernel_lib`` (the
 device helpers the chapters share), ``launching`` (compile once, launch on the tensors' device and
-stream), ``api`` (``plan``/``paged_decode``/the torch op), ``toolchain`` (compile on a CPU), ``isa`` (static facts of compiled code), ``reference`` and
-``cache`` (the float32 reference, cases and cache layouts), ``emu`` (the CPU emulator of
-gfx942/gfx950 machine code), ``backend`` (GPU or emulator), ``stages`` (the kernels), ``perf`` (roofline, traces,
-benchmarks), ``upstream`` (the recorded figures of the kernel this walkthrough retraces),
-``progress`` (the progress bars, drawn only when someone watches).
+stream), ``api`` (``plan``/``paged_decode``/the torch op), ``toolchain`` (compile on a CPU),
+``isa`` (static facts of compiled code), ``reference``, ``fp8`` and ``cache`` (the float32
+reference, fp8 codes, cases and cache layouts), ``emu`` (the CPU emulator of gfx942/gfx950
+machine code), ``backend`` (GPU, emulator or a simulated GPU), ``stages`` (the kernels), ``perf``
+(roofline, traces, host cost, the timing model, benchmarks), ``upstream`` (the recorded figures
+of the kernel this walkthrough retraces), ``figures`` (the chapters' figures), ``progress`` (the
+progress bars, drawn only when someone watches).
 """
 
 __version__ = "0.1.0"
@@ -15,7 +17,7 @@ __version__ = "0.1.0"
 import importlib as _importlib
 
 _SUBMODULES = ("toolchain", "isa", "reference", "cache", "emu", "backend", "stages", "perf", "upstream", "tiny_kernels",
-               "arch", "problem", "kernel_lib", "launching", "api", "show", "progress")
+               "arch", "fp8", "problem", "kernel_lib", "launching", "api", "show", "progress", "figures")
 
 
 #: the finished kernel's API, re-exported lazily from ``pa_tile.api``

@@ -62,7 +62,8 @@ def buffer_load(resource, voffset, dwords, soffset=0, offset=0):
 
 def buffer_store(value, resource, voffset):
     aux = ir.IntegerAttr.get(T.i32, 0)
-    fx.rocdl.raw_ptr_buffer_store(ir_value(value), resource, ir_value(fx.Int32(voffset)), ir_value(fx.Int32(0)), aux=aux)
+    fx.rocdl.raw_ptr_buffer_store(ir_value(value), resource, ir_value(fx.Int32(voffset)), ir_value(fx.Int32(0)),
+                                  aux=aux)
 
 
 def scalar_load(tensor, index):
