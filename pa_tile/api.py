@@ -114,11 +114,11 @@ class Plan:
     default scales fixed. ``run`` is the per-layer call."""
 
     def __init__(self, p: problem.Problem, num_partitions: int, m_tiles: Optional[int], workspace, block_tables,
-                 context_lengths, key_scale, value_scale, query_meta):
+                 context_lengths, key_scale, value_scale, query_meta, cache_meta):
         self.problem, self.num_partitions, self.m_tiles = p, num_partitions, m_tiles
         self.workspace, self.block_tables, self.context_lengths = workspace, block_tables, context_lengths
         self.key_scale, self.value_scale = problem.scale_tensors(p, key_scale, value_scale)
-        self._query_meta = query_meta
+        self._query_meta, self._cache_meta = query_meta, cache_meta
         rows = s5.plan(p.head_dim, p.group, p.query_length, m_tiles)[0]
         self._partials = tuple(s6.carve(workspace, p.num_seqs, p.num_kv_heads, rows, p.head_dim, num_partitions)
                                if num_partitions > 1 else (workspace.narrow(0, 0, 1),) * 3)
@@ -246,11 +246,10 @@ def plan(query, key_cache, value_cache, block_tables, context_lengths, key_scale
                   m_tiles=m_tiles, arch=arch, check_values=check_values)
     parts = _partitions(p, num_partitions, m_tiles)
     ws = _workspace(p, parts, m_tiles, workspace)
-    pl = Plan(p, parts, m_tiles, ws, block_tables, context_lengths, key_scale, value_scale,
-              (query.shape, query.dtype, query.device, query.stride()))
-    pl._cache_meta = {"key_cache": (key_cache.shape, key_cache.dtype, key_cache.device),
-                      "value_cache": (value_cache.shape, value_cache.dtype, value_cache.device)}
-    return pl
+    return Plan(p, parts, m_tiles, ws, block_tables, context_lengths, key_scale, value_scale,
+                (query.shape, query.dtype, query.device, query.stride()),
+                {"key_cache": (key_cache.shape, key_cache.dtype, key_cache.device),
+                 "value_cache": (value_cache.shape, value_cache.dtype, value_cache.device)})
 
 
 def paged_decode(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale, *,
