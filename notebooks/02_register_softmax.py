@@ -158,7 +158,7 @@ figures.mfma_ownership(chunk=0, d_chunk=0)
 plt.show()
 
 # %%
-source(kernel_lib.query_operands)
+source(kernel_lib.query_operands, kernel_lib.quantize_query)
 
 # %% [markdown]
 # ## Where the bytes come from

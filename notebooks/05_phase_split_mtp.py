@@ -92,7 +92,8 @@ from pa_tile import launching, problem
 from pa_tile.arch import fp8_max
 from pa_tile.kernel_lib import (
     LOG2E, MASKED, SPAN, TILE, WAVE, WAVES, buffer_load, buffer_store, exp2, fmax, i64, imax, imin, lane_coords,
-    lds_load, lds_store, mfma, pack_fp8, rcp, rsrc, scalar_load, select, splat4, tree_sum, uniform, xor_lanes,
+    lds_load, lds_store, mfma, pack_fp8, quantize_query, rcp, rsrc, scalar_load, select, splat4, tree_sum, uniform,
+    xor_lanes,
 )
 
 __all__ = ["paged_decode", "paged_decode_partials", "build_launcher", "launch_args", "kernel_args", "plan",
@@ -179,18 +180,7 @@ def _query_operands(q_rs, row_elem, valid, fp8_max, grp, head_dim, q_dtype):
         for half in range_constexpr(2):
             v = buffer_load(q_rs, (row_elem + d0) * 2, 4, offset=16 * half)
             vals.append(v.bitcast(q_dtype).to(fx.Float32))
-    amax = fx.Float32(1e-20)  # an all-zero row gets a tiny positive scale, never 0 or inf
-    for v in vals:
-        for i in range_constexpr(8):
-            amax = fmax(amax, fx.Float32(fx.absf(v[i])))
-    amax = fmax(amax, xor_lanes(amax, 16))
-    amax = fmax(amax, xor_lanes(amax, 32))
-    inv = fx.Float32(select(valid, rcp(amax) * fp8_max, fx.Float32(0.0)))
-    ops = []
-    for v in vals:
-        s = v * inv
-        ops.append(i64(pack_fp8(s[0], s[1], s[2], s[3]), pack_fp8(s[4], s[5], s[6], s[7])))
-    return ops, amax * (1.0 / fp8_max)
+    return quantize_query(vals, valid, fp8_max)
 
 # %% [markdown]
 # ## Masks: causal, window, tail — and a tile that adds exactly nothing
@@ -709,8 +699,9 @@ def launch_args(query, key_cache, value_cache, block_tables, context_lengths, ke
                   softmax_scale, query_length, sliding_window, arch, num_partitions, m_tiles)
     ks, vs = problem.scale_tensors(p, key_scale, value_scale)
     if num_partitions > 1:
+        shapes = partial_shapes(p, num_partitions, m_tiles)
         first = (torch.empty(1, dtype=query.dtype, device=query.device),) + tuple(
-            torch.empty(s, dtype=torch.float32, device=query.device) for s in partial_shapes(p, num_partitions, m_tiles))
+            torch.empty(s, dtype=torch.float32, device=query.device) for s in shapes)
     else:
         d = torch.empty(1, dtype=torch.float32, device=query.device)
         first = (problem.output(p, query, out), d, d, d)

@@ -24,7 +24,7 @@ __all__ = [
     "ir_value", "rsrc", "buffer_load", "buffer_store", "scalar_load", "uniform", "select", "imin", "imax",
     "fmax", "exp2", "rcp", "xor_lanes", "pack_fp8", "i64", "mfma", "splat4", "lds_ptr", "lds_store",
     "lds_load", "tree_sum", "lane_coords",
-    "query_operands", "mask_tail", "softmax_step", "pv_step", "merge_waves",
+    "query_operands", "quantize_query", "mask_tail", "softmax_step", "pv_step", "merge_waves",
 ]
 
 WAVE = 64  # lanes per wave on CDNA
@@ -166,6 +166,13 @@ def query_operands(q_rs, head, valid, fp8_max, grp):
         for half in range_constexpr(2):
             v = buffer_load(q_rs, row + d0 * 2, 4, offset=16 * half)
             vals.append(v.bitcast(fx.Float16).to(fx.Float32))
+    return quantize_query(vals, valid, fp8_max)
+
+
+def quantize_query(vals, valid, fp8_max):
+    """This lane's query values (f32 vectors of 8) -> ``(ops, q_scale)``: fp8 codes scaled so the
+    row's largest magnitude lands on ``fp8_max`` (the row's four lanes agree on it with two
+    ``xor_lanes`` steps), packed as i64 MFMA operands; zeros where ``valid`` is false."""
     amax = fx.Float32(1e-20)  # an all-zero row gets a tiny positive scale, never 0 or inf
     for v in vals:
         for i in range_constexpr(8):

@@ -10,6 +10,8 @@ What an execution adds that says nothing about the chapter, and what is done wit
 * the Python patch version in ``language_info``: removed (it differs between readers' machines);
 * progress-bar frames (tqdm writes one per update, separated by ``\\r``) in stream outputs:
   removed, and a stream left empty is dropped;
+* consecutive outputs of one stream (the kernel flushes stdout in pieces, wherever a timer
+  falls): merged into one, so the split never shows in a diff;
 * no ``kernelspec``: the standard ``python3`` one is written, so JupyterLab does not ask for a
   kernel or mark the tab as changed on open.
 
@@ -86,6 +88,11 @@ def normalize(nb: dict) -> dict:
             if out.get("output_type") == "stream":
                 text = strip_progress(_join(out.get("text", "")))
                 if not text:
+                    continue
+                prev = outputs[-1] if outputs else None
+                if prev is not None and prev.get("output_type") == "stream" and prev.get("name") == out.get("name"):
+                    # the kernel flushes a stream in pieces as it pleases: one run of text is one output
+                    prev["text"] = _lines(_join(prev["text"]) + text)
                     continue
                 out["text"] = _lines(text)
             outputs.append(out)

@@ -61,6 +61,20 @@ def test_normalize_strips_volatile_parts_and_keeps_the_rest():
     assert dup != "3413234d" and dup == norm.normalize(executed_notebook())["cells"][2]["id"]
 
 
+def test_a_stream_flushed_in_pieces_is_one_output():
+    """The kernel splits stdout wherever a flush falls; the split must not reach the committed file."""
+    cell = dict(cell_type="code", id="a1", metadata={}, source="print()", execution_count=1, outputs=[
+        dict(output_type="stream", name="stdout", text=["table\n", "row 1"]),
+        dict(output_type="stream", name="stdout", text=["\n"]),
+        dict(output_type="stream", name="stderr", text=["warning\n"]),
+        dict(output_type="stream", name="stdout", text=["after\n"]),
+    ])
+    nb = dict(nbformat=4, nbformat_minor=5, metadata={}, cells=[cell])
+    outs = norm.normalize(nb)["cells"][0]["outputs"]
+    assert [(o["name"], "".join(o["text"])) for o in outs] == [
+        ("stdout", "table\nrow 1\n"), ("stderr", "warning\n"), ("stdout", "after\n")]
+
+
 def test_normalize_is_idempotent_to_the_byte(tmp_path):
     p = tmp_path / "nb.ipynb"
     p.write_text(json.dumps(executed_notebook(), indent=2))

@@ -26,7 +26,7 @@ from pa_tile import launching, problem
 from pa_tile.arch import fp8_max, fp8_torch_dtype
 from pa_tile.kernel_lib import (
     LOG2E, MASKED, SPAN, TILE, WAVE, WAVES, buffer_load, buffer_store, exp2, fmax, i64, imax, imin, lane_coords,
-    lds_load, lds_store, mfma, pack_fp8, rcp, rsrc, scalar_load, select, splat4, tree_sum, xor_lanes,
+    lds_load, lds_store, mfma, pack_fp8, quantize_query, rcp, rsrc, scalar_load, select, splat4, tree_sum, xor_lanes,
 )
 
 __all__ = ["paged_decode", "build_launcher", "launch_args", "numerics_model", "LIMITS", "V_LAYOUTS"]
@@ -53,18 +53,7 @@ def _query_operands(q_rs, row_byte, valid, fp8_max, grp, halves, qdt):
     for h in range_constexpr(halves):
         for k in range_constexpr(2):
             vals.append(_to_f32(buffer_load(q_rs, row_byte + 32 * (grp + 4 * h), 4, offset=16 * k), qdt))
-    amax = fx.Float32(1e-20)
-    for v in vals:
-        for i in range_constexpr(8):
-            amax = fmax(amax, fx.Float32(fx.absf(v[i])))
-    amax = fmax(amax, xor_lanes(amax, 16))
-    amax = fmax(amax, xor_lanes(amax, 32))
-    inv = fx.Float32(select(valid, rcp(amax) * fp8_max, fx.Float32(0.0)))
-    ops = []
-    for v in vals:
-        s = v * inv
-        ops.append(i64(pack_fp8(s[0], s[1], s[2], s[3]), pack_fp8(s[4], s[5], s[6], s[7])))
-    return ops, amax * (1.0 / fp8_max)
+    return quantize_query(vals, valid, fp8_max)
 
 
 def _mask_tail(s, v_words, n_valid):
