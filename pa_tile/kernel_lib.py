@@ -237,10 +237,11 @@ def softmax_step(s, m_old, l_old, c_qk, log2_fp8_max):
 
 
 def pv_step(o, v_words, p_ops, corr):
-    """O_j = O_j · corr + V_j · P for the 8 d-chunk slots of this wave."""
+    """O_j = O_j · corr + V_j · P for every d-chunk slot ``o[j]`` of this wave (8 at head_dim 128;
+    chapter 4's other head sizes use it with their own count)."""
     corr4 = splat4(corr)
     out = []
-    for j in range_constexpr(8):
+    for j in range_constexpr(len(o)):
         w = [fx.Int32(v_words[4 * j + k]) for k in range_constexpr(4)]
         acc = o[j] * corr4
         acc = mfma(i64(w[0], w[1]), p_ops[0], acc)

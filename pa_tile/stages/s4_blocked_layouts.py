@@ -26,7 +26,8 @@ from pa_tile import launching, problem
 from pa_tile.arch import fp8_max, fp8_torch_dtype
 from pa_tile.kernel_lib import (
     LOG2E, MASKED, SPAN, TILE, WAVE, WAVES, buffer_load, buffer_store, exp2, fmax, i64, imax, imin, lane_coords,
-    lds_load, lds_store, mfma, pack_fp8, quantize_query, rcp, rsrc, scalar_load, select, splat4, tree_sum, xor_lanes,
+    lds_load, lds_store, mfma, pack_fp8, pv_step, quantize_query, rcp, rsrc, scalar_load, select, splat4, tree_sum,
+    xor_lanes,
 )
 
 __all__ = ["paged_decode", "build_launcher", "launch_args", "numerics_model", "LIMITS", "V_LAYOUTS"]
@@ -89,18 +90,6 @@ def _softmax_step(s, m_old, l_old, c_qk, log2_fp8_max, p_weight=None):
         p = [p[i] * fx.Float32(p_weight[i]) for i in range_constexpr(16)]
     words = [pack_fp8(p[4 * a], p[4 * a + 1], p[4 * a + 2], p[4 * a + 3]) for a in range_constexpr(4)]
     return [i64(words[0], words[1]), i64(words[2], words[3])], corr, m_new, l_new
-
-
-def _pv_step(o, v_words, p_ops, corr):
-    corr4 = splat4(corr)
-    out = []
-    for j in range_constexpr(len(o)):
-        w = [fx.Int32(v_words[4 * j + k]) for k in range_constexpr(4)]
-        acc = o[j] * corr4
-        acc = mfma(i64(w[0], w[1]), p_ops[0], acc)
-        acc = mfma(i64(w[2], w[3]), p_ops[1], acc)
-        out.append(acc)
-    return out
 
 
 def _merge_waves(o, m_w, l_w, v_scale, lds, wave, lane, col, stride):
@@ -259,7 +248,7 @@ def build_launcher(block_size: int, head_dim: int, group: int, arch: str, q_dtyp
             if t + 1 == num_tiles:
                 s, v_words = _mask_tail(s, v_words, n_valid)
             p_ops, corr, m_new, l_new = _softmax_step(s, m_old, l_old, c_qk, LOG2_FMAX, p_weight)
-            return _pv_step(o, v_words, p_ops, corr), m_new, l_new
+            return pv_step(o, v_words, p_ops, corr), m_new, l_new
 
         zero4 = fx.Vector.filled(4, 0.0, fx.Float32)
         state = ([load_k(page_id(0, k_page_j)), page_id(1, k_page_j), page_id(0, v_page_j)]
