@@ -165,33 +165,31 @@ class Plan:
         p = self.problem
         return s6.build_reduce(p.head_dim, p.group, p.query_length, p.q_dtype) if self.num_partitions > 1 else None
 
+    def _steps(self, query, key_cache, value_cache, ks, vs, out):
+        """``[(launcher, args), ...]`` of one run: the partial kernel, then the reduce when split."""
+        steps = [(self._partial, (out,) + self._partials + (query, _codes(key_cache), _codes(value_cache),
+                                                            self.block_tables, self.context_lengths, ks, vs)
+                  + self._scalars)]
+        if self.num_partitions > 1:
+            steps.append((self._reduce, (out,) + self._partials + self._reduce_scalars))
+        return steps
+
     def _launch(self, query, key_cache, value_cache, ks, vs, out):
         p, device = self.problem, query.device
-        args = (out,) + self._partials + (query, _codes(key_cache), _codes(value_cache), self.block_tables,
-                                          self.context_lengths, ks, vs) + self._scalars
+        steps = self._steps(query, key_cache, value_cache, ks, vs, out)
         if self._compiled is None or self._compiled_on != device:
             # first launch (or a simulated GPU's first real one): compile, then keep the handles
-            compiled = [launching.launch(self._partial, args, arch=p.arch, device=device)]
-            if self.num_partitions > 1:
-                compiled.append(launching.launch(self._reduce, (out,) + self._partials + self._reduce_scalars,
-                                                 arch=p.arch, device=device))
-            self._compiled, self._compiled_on = compiled, device
+            self._compiled = [launching.launch(fn, args, arch=p.arch, device=device) for fn, args in steps]
+            self._compiled_on = device
             return
-        launching.call(self._compiled[0], args, p.arch, device)
-        if self.num_partitions > 1:
-            launching.call(self._compiled[1], (out,) + self._partials + self._reduce_scalars, p.arch, device)
+        for compiled, (_, args) in zip(self._compiled, steps):
+            launching.call(compiled, args, p.arch, device)
 
     def pipeline(self, query, key_cache, value_cache, out=None) -> Pipeline:
         """The launches of one ``run`` as a :class:`Pipeline` (``compile_isa``, graph capture)."""
         out = problem.output(self.problem, query, out)
         p = self.problem
-        args = s5.kernel_args(p, (out,) + tuple(self._partials), query, key_cache, value_cache, self.block_tables,
-                              self.context_lengths, self.key_scale, self.value_scale)
-        steps = [(self._partial, args)]
-        if self._reduce is not None:
-            steps.append((self._reduce, (out,) + tuple(self._partials) + (p.num_seqs, p.num_kv_heads,
-                                                                           self.num_partitions)))
-        pipe = Pipeline(steps, p.arch)
+        pipe = Pipeline(self._steps(query, key_cache, value_cache, self.key_scale, self.value_scale, out), p.arch)
         pipe.out = out
         return pipe
 

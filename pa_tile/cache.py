@@ -37,7 +37,7 @@ from typing import Optional, Sequence, Union
 
 import torch
 
-from pa_tile.fp8 import FP8_DTYPES, FP8_MAX, check_fmt, codes_format, fp8_decode, fp8_dtype, fp8_format_of
+from pa_tile.fp8 import FP8_DTYPES, FP8_MAX, check_fmt, fp8_decode, fp8_dtype, fp8_format_of  # re-exported
 
 __all__ = [
     "FP8_MAX",
@@ -69,8 +69,6 @@ __all__ = [
 RAGGED_CONTEXTS = (1, 17, 256, 1027)
 
 ScaleLike = Union[float, int, torch.Tensor]
-_check_fmt = check_fmt
-_codes_format = codes_format
 
 
 def _broadcast_scale(scale: ScaleLike, x_shape: torch.Size, name: str = "scale") -> torch.Tensor:
@@ -101,7 +99,7 @@ def quantize_fp8(x: torch.Tensor, fmt: str, scale: ScaleLike) -> torch.Tensor:
     Saturation is explicit because torch's own cast does not saturate FNUZ (out-of-range
     values become the NaN code 0x80) while it does saturate OCP. NaN inputs stay NaN.
     """
-    fmt = _check_fmt(fmt)
+    fmt = check_fmt(fmt)
     if not isinstance(x, torch.Tensor) or not x.is_floating_point():
         raise TypeError(f"x: expected a floating-point tensor, got {getattr(x, 'dtype', type(x).__name__)}")
     s = _broadcast_scale(scale, x.shape).to(x.device)
@@ -126,7 +124,7 @@ def amax_scale(x: torch.Tensor, fmt: str, per_row: bool = False) -> torch.Tensor
     of each last-dim row, e.g. per (block, kv_head, slot) for a logical cache). An all-zero
     row gets scale 1 so the scale stays finite and positive.
     """
-    fmt = _check_fmt(fmt)
+    fmt = check_fmt(fmt)
     a = x.detach().to(torch.float32).abs()
     amax = a.amax(dim=-1) if per_row else a.amax().reshape(1)
     amax = torch.where(amax > 0, amax, torch.full_like(amax, FP8_MAX[fmt]))
@@ -372,7 +370,7 @@ def make_case(
         _pos_int(v, name)
     if num_q_heads % num_kv_heads:
         raise ValueError(f"num_q_heads: {num_q_heads} is not a multiple of num_kv_heads={num_kv_heads}")
-    fp8_format = _check_fmt(fp8_format, "fp8_format")
+    fp8_format = check_fmt(fp8_format, "fp8_format")
     if scales not in ("per-tensor", "per-token"):
         raise ValueError(f"scales: expected 'per-tensor' or 'per-token', got {scales!r}")
     if query_dtype not in (torch.float16, torch.bfloat16, torch.float32):
