@@ -35,6 +35,7 @@ class ArchInfo:
     fp8_format: str  # "fnuz" | "ocp"
     cu_count: int
     lds_per_cu: int  # bytes a CU's workgroups can share (CDNA3: 64 KiB, CDNA4: 160 KiB)
+    lds_per_workgroup: int  # bytes one workgroup may allocate (both targets: all of the CU's LDS)
     lds_granule: int  # bytes LDS is allocated in (LLVM getLdsDwGranularity: 128 / 320 dwords)
     lds_banks: int  # 4-byte banks (CDNA3 32, CDNA4 64)
     wave_size: int = 64
@@ -56,10 +57,10 @@ class ArchInfo:
 
 
 INFO: Dict[str, ArchInfo] = {
-    "gfx942": ArchInfo("gfx942", "MI300X", "fnuz", cu_count=304, lds_per_cu=64 * 1024, lds_granule=512,
-                       lds_banks=32),
-    "gfx950": ArchInfo("gfx950", "MI355X", "ocp", cu_count=256, lds_per_cu=160 * 1024, lds_granule=1280,
-                       lds_banks=64),
+    "gfx942": ArchInfo("gfx942", "MI300X", "fnuz", cu_count=304, lds_per_cu=64 * 1024,
+                       lds_per_workgroup=64 * 1024, lds_granule=512, lds_banks=32),
+    "gfx950": ArchInfo("gfx950", "MI355X", "ocp", cu_count=256, lds_per_cu=160 * 1024,
+                       lds_per_workgroup=160 * 1024, lds_granule=1280, lds_banks=64),
 }
 
 #: the archs pa_tile compiles for, in a stable order

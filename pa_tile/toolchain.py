@@ -27,7 +27,7 @@ import tempfile
 from pathlib import Path
 from typing import Iterator, Optional
 
-SUPPORTED_ARCHS = ("gfx942", "gfx950")
+from .arch import ARCHS as SUPPORTED_ARCHS  # the one list of targets
 
 #: Where the prepared CPU toolchain lives (symlinks only). Override with PA_TILE_TOOLCHAIN_DIR.
 DEFAULT_TOOLCHAIN_DIR = Path(os.environ.get("PA_TILE_TOOLCHAIN_DIR", Path.home() / ".cache" / "pa_tile" / "rocm-cpu"))

@@ -84,9 +84,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
+from .. import arch as _arch
+
 SUPPORTED_FLYDSL = ((0, 4, 2), (0, 6))  # [low, high)
-SUPPORTED_ARCHS = ("gfx942", "gfx950")
-DEFAULT_ARCH = "gfx942"
+SUPPORTED_ARCHS = _arch.ARCHS  # the one list of targets (pa_tile.arch)
+DEFAULT_ARCH = _arch.ARCHS[0]  # gfx942
 
 Region = Tuple[int, int, str]  # (base address, size in bytes, name)
 

@@ -105,9 +105,12 @@ from typing import NamedTuple, Sequence
 
 import numpy as np
 
-WAVE = 64
-LDS_MAX_BYTES = {"gfx942": 64 * 1024, "gfx950": 160 * 1024}
-LDS_BANKS = {"gfx942": 32, "gfx950": 64}
+from .. import arch as _arch
+
+WAVE = 64  # the emulator models wave64 only (every arch.INFO[...].wave_size; tests/test_one_home.py)
+# views of pa_tile.arch, the one home of arch facts (kept as names: callers and Trace use them)
+LDS_MAX_BYTES = {name: a.lds_per_workgroup for name, a in _arch.INFO.items()}
+LDS_BANKS = {name: a.lds_banks for name, a in _arch.INFO.items()}
 LDS_GRANULE = 512
 SEGMENT = 64
 

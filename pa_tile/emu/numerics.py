@@ -39,6 +39,8 @@ from typing import Dict, Tuple
 
 import numpy as np
 
+from .. import arch as _arch
+
 __all__ = [
     "f32_bits", "bits_f32", "fp8_format_for_arch",
     "fp8_decode", "fp8_encode", "bf8_decode", "bf8_encode",
@@ -128,11 +130,12 @@ _FORMATS: Dict[Tuple[str, str], _Small] = {
     ("bf8", "ocp"): _Small("e5m2", 2, 15, False, True, 0x7B),        # max 57344, inf 0x7c
 }
 
-_ARCH_FP8 = {"gfx940": "fnuz", "gfx941": "fnuz", "gfx942": "fnuz", "gfx950": "ocp"}
+# each arch's fp8 flavour, read from pa_tile.arch (the one home of arch facts)
+_ARCH_FP8 = {name: a.fp8_format for name, a in _arch.INFO.items()}
 
 
 def fp8_format_for_arch(arch: str) -> str:
-    """'fnuz' on CDNA3 (gfx94x), 'ocp' on CDNA4 (gfx950) -- CDNA3 §7.2 vs CDNA4 §7.3 Table 30."""
+    """'fnuz' on CDNA3 (gfx942), 'ocp' on CDNA4 (gfx950) -- CDNA3 §7.2 vs CDNA4 §7.3 Table 30."""
     try:
         return _ARCH_FP8[arch]
     except KeyError:
