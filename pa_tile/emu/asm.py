@@ -7,6 +7,10 @@ targets). We keep what an emulator needs and nothing else:
 * labels mapped to instruction indices (branch targets and kernel entries);
 * per kernel, the ``.amdhsa_*`` descriptor directives and its ``.amdgpu_metadata`` entry.
 
+The text's structure (comments, labels, directives, the descriptor and metadata blocks, the YAML)
+is read by :mod:`pa_tile.emu.asmtext`, the one scanner :mod:`pa_tile.isa` shares; this module
+gives the statements their meaning.
+
 Special scalar registers are turned into SGPR numbers as the hardware encodes them
 (``vcc`` = s[106:107], ``m0`` = s124, ``exec`` = s[126:127]), so the emulator can keep one
 scalar register file. Syntax we do not understand raises :class:`AsmSyntaxError` with the line.
@@ -19,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple, Union
 
-import yaml
+from .asmtext import DESCRIPTOR, DIRECTIVE, INSTRUCTION, LABEL, METADATA, UNTERMINATED, AsmSyntaxError, scan
 
 __all__ = [
     "AsmSyntaxError",
@@ -51,10 +55,6 @@ _SPECIAL_SGPRS = {
 }
 # Operands that are not registers of a file: condition sources and the "no address" marker.
 _SPECIAL_NAMES = {"scc", "src_scc", "src_vccz", "src_execz", "vccz", "execz", "off"}
-
-
-class AsmSyntaxError(ValueError):
-    """The text contains something this parser does not understand (message names the line)."""
 
 
 @dataclass(frozen=True)
@@ -369,21 +369,7 @@ def parse_instruction(text: str, line: int = 0) -> Instruction:
     return Instruction(mnem, tuple(operands), mods, line, text)
 
 
-_LABEL_LINE_RE = re.compile(r"^([A-Za-z_.$][\w.$]*|\d+):(.*)$")
 _DIRECTIVE_VALUE_RE = re.compile(r"^\.amdhsa_(\w+)\s+(-?(?:0x[0-9a-fA-F]+|\d+))\s*$")
-
-
-def _strip_comment(s: str) -> str:
-    # ';' starts a comment except inside a quoted string (swizzle BITMASK_PERM patterns).
-    if ";" not in s and "//" not in s:
-        return s
-    quote = False
-    for i, ch in enumerate(s):
-        if ch == '"':
-            quote = not quote
-        elif not quote and (ch == ";" or s.startswith("//", i)):
-            return s[:i]
-    return s
 
 
 def parse_asm(text: str) -> Program:
@@ -394,8 +380,6 @@ def parse_asm(text: str) -> Program:
     function_syms: List[str] = []
     metadata_docs: List[dict] = []
     target = ""
-    cur_desc: Optional[Dict[str, int]] = None
-    meta_lines: Optional[List[str]] = None
     # compile_isa concatenates one file per kernel; each reuses local labels (.LBB0_1, ...),
     # so local labels are scoped to the file they appear in (a new .amdgcn_target starts one).
     file_idx = -1
@@ -437,69 +421,46 @@ def parse_asm(text: str) -> Program:
             raise AsmSyntaxError(f"line {refs[0][1]}: no label {n}: after {n}f")
 
     lines = text.splitlines()
-    for lineno, raw in enumerate(lines, 1):
-        if meta_lines is not None:
-            if raw.strip() == ".end_amdgpu_metadata":
-                try:
-                    doc = yaml.safe_load("\n".join(meta_lines))
-                except yaml.YAMLError as e:
-                    raise AsmSyntaxError(f"line {lineno}: bad .amdgpu_metadata YAML: {e}") from e
-                metadata_docs.append(doc or {})
-                meta_lines = None
-            else:
-                meta_lines.append(raw)
-            continue
-        s = _strip_comment(raw).strip()
-        if not s:
-            continue
-        if cur_desc is not None:
-            if s == ".end_amdhsa_kernel":
-                cur_desc = None
-                continue
-            m = _DIRECTIVE_VALUE_RE.match(s)
-            if not m:
-                raise AsmSyntaxError(f"line {lineno}: unexpected line in .amdhsa_kernel block: {s!r}")
-            cur_desc[m.group(1)] = _parse_int(m.group(2))
-            continue
-        m = _LABEL_LINE_RE.match(s)
-        if m and not s.startswith(".amdhsa"):
-            name = define_numeric(m.group(1), lineno) if m.group(1).isdigit() else scoped(m.group(1))
+    unterminated = None
+    for kind, lineno, a, b in scan(lines):
+        if kind is INSTRUCTION:
+            try:
+                ins = parse_instruction(a, lineno)
+            except AsmSyntaxError as e:
+                raise AsmSyntaxError(f"line {lineno}: {e}: {lines[lineno - 1].strip()!r}") from None
+            if file_idx > 0 and any(o.kind == "label" for o in ins.operands):
+                ins.operands = tuple(_with(o, name=scoped(o.name)) if o.kind == "label" else o for o in ins.operands)
+            if any(o.kind == "label" and _NUM_REF_RE.match(o.name) for o in ins.operands):
+                resolve_numeric(ins, lineno)
+            instructions.append(ins)
+        elif kind is LABEL:
+            name = define_numeric(a, lineno) if a.isdigit() else scoped(a)
             if name in labels:
                 raise AsmSyntaxError(f"line {lineno}: label {name!r} defined twice")
             labels[name] = len(instructions)
-            s = m.group(2).strip()
-            if not s:
-                continue
-        if s.startswith("."):
-            head = s.split(None, 1)
-            d = head[0]
-            arg = head[1].strip() if len(head) > 1 else ""
-            if d == ".amdhsa_kernel":
-                cur_desc = descriptors.setdefault(arg, {})
-            elif d == ".amdgpu_metadata":
-                meta_lines = []
-            elif d == ".amdgcn_target":
-                target = arg.strip('"')
+        elif kind is DIRECTIVE:
+            if a == ".amdgcn_target":
+                target = b.strip('"')
                 file_idx += 1
                 check_pending()
                 num_defs.clear()
-            elif d == ".type" and arg.endswith("@function"):
-                function_syms.append(arg.split(",")[0].strip())
-            continue  # other directives (.text, .p2align, .set, .fill, ...) carry no semantics for us
-        try:
-            ins = parse_instruction(s, lineno)
-        except AsmSyntaxError as e:
-            raise AsmSyntaxError(f"line {lineno}: {e}: {raw.strip()!r}") from None
-        if file_idx > 0 and any(o.kind == "label" for o in ins.operands):
-            ins.operands = tuple(_with(o, name=scoped(o.name)) if o.kind == "label" else o for o in ins.operands)
-        if any(o.kind == "label" and _NUM_REF_RE.match(o.name) for o in ins.operands):
-            resolve_numeric(ins, lineno)
-        instructions.append(ins)
+            elif a == ".type" and b.endswith("@function"):
+                function_syms.append(b.split(",")[0].strip())
+            # other directives (.text, .p2align, .set, .fill, ...) carry no semantics for us
+        elif kind is DESCRIPTOR:
+            cur_desc = descriptors.setdefault(a, {})
+            for ln, entry in b:
+                m = _DIRECTIVE_VALUE_RE.match(entry)
+                if not m:
+                    raise AsmSyntaxError(f"line {ln}: unexpected line in .amdhsa_kernel block: {entry!r}")
+                cur_desc[m.group(1)] = _parse_int(m.group(2))
+        elif kind is METADATA:
+            metadata_docs.append(a)
+        elif kind is UNTERMINATED:
+            unterminated = unterminated or a
     check_pending()
-    if meta_lines is not None:
-        raise AsmSyntaxError("unterminated .amdgpu_metadata block")
-    if cur_desc is not None:
-        raise AsmSyntaxError("unterminated .amdhsa_kernel block")
+    if unterminated is not None:
+        raise AsmSyntaxError(f"unterminated {unterminated} block")
 
     meta_by_name: Dict[str, dict] = {}
     merged_meta: Dict[str, object] = {}
