@@ -8,6 +8,8 @@ SIMD on gfx942 / gfx950 and names the resource that bounds it; ``summary``, ``di
 and ``histogram_plot`` present the facts in a terminal or a notebook.
 
 Nothing here runs code: "static" counts are instructions in the text, not instructions executed.
+The text's structure (comments, labels, directives, descriptor and metadata blocks, the YAML) is
+read by :mod:`pa_tile.emu.asmtext`, the one scanner the emulator's parser uses too.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import re
 from collections import Counter
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
-import yaml
+from .emu import asmtext as _asmtext
 
 __all__ = [
     "FAMILIES",
@@ -152,83 +154,30 @@ class Loop:
         return d
 
 
-_LABEL = re.compile(r"^([A-Za-z_.$][\w.$]*):(.*)$")
-_SET = re.compile(r"^\.set\s+\.L(.+)\.(\w+)\s*,\s*(.+)$")
+_SET = re.compile(r"^\.L(.+)\.(\w+)\s*,\s*(.+)$")  # the argument of ".set .L<kernel>.<field>, <value>"
 _TARGET = re.compile(r"gfx[0-9a-f]+")
-
-
-def _strip_comment(line: str) -> str:
-    if '"' in line:  # quoted section names and targets carry no comments in LLVM output
-        return line.strip()
-    for marker in (";", "//"):
-        i = line.find(marker)
-        if i >= 0:
-            line = line[:i]
-    return line.strip()
-
-
-def _split_modules(lines: List[str]) -> List[Tuple[int, List[str]]]:
-    """Split concatenated assembly files (``compile_isa`` joins one per launched kernel)."""
-    starts = [i for i, ln in enumerate(lines) if ln.lstrip().startswith(".amdgcn_target")]
-    if not starts or starts[0] != 0:
-        starts = [0] + starts
-    bounds = starts + [len(lines)]
-    return [(bounds[k], lines[bounds[k]:bounds[k + 1]]) for k in range(len(starts))]
+_CODE_ENDS = (".size", ".section")  # directives after a function's last instruction
 
 
 class _Module:
-    """One assembly file: its kernels' metadata, descriptors, ``.set`` symbols and code spans."""
+    """One assembly file: its kernels' metadata, descriptors, ``.set`` symbols and code.
 
-    def __init__(self, first_line: int, lines: List[str]):
-        self.first_line = first_line
-        self.lines = lines
+    ``instrs`` holds every instruction of the file; ``marks`` the labels ``(name, index)`` and the
+    ends of code ``(None, index)`` (``.size``/``.section``, the descriptor and metadata blocks) in
+    text order, the index being the instruction that follows.
+    """
+
+    def __init__(self) -> None:
         self.target: Optional[str] = None
         self.metadata: Dict[str, Dict[str, Any]] = {}
         self.descriptors: Dict[str, Dict[str, str]] = {}
         self.symbols: Dict[str, Dict[str, str]] = {}
         self.functions: List[str] = []
-        self.code_start: Dict[str, int] = {}
-        self._scan()
+        self.instrs: List[_Instr] = []
+        self.marks: List[Tuple[Optional[str], int]] = []
+        self.code_start: Dict[str, int] = {}  # non-local label -> its position in marks
 
-    def _scan(self) -> None:
-        yaml_lines: Optional[List[str]] = None
-        desc: Optional[Dict[str, str]] = None
-        for i, raw in enumerate(self.lines):
-            if yaml_lines is not None:
-                if raw.strip() == ".end_amdgpu_metadata":
-                    self._read_metadata("\n".join(yaml_lines))
-                    yaml_lines = None
-                else:
-                    yaml_lines.append(raw)
-                continue
-            line = _strip_comment(raw)
-            if not line:
-                continue
-            if line == ".amdgpu_metadata":
-                yaml_lines = []
-            elif line.startswith(".amdgcn_target"):
-                m = _TARGET.search(line)
-                self.target = m.group(0) if m else None
-            elif line.startswith(".amdhsa_kernel "):
-                desc = self.descriptors.setdefault(line.split(None, 1)[1].strip(), {})
-            elif line == ".end_amdhsa_kernel":
-                desc = None
-            elif desc is not None and line.startswith(".amdhsa_"):
-                key, _, value = line.partition(" ")
-                desc[key[len(".amdhsa_"):]] = value.strip()
-            elif line.startswith(".type") and "@function" in line:
-                self.functions.append(line.split(None, 1)[1].split(",")[0].strip())
-            elif line.startswith(".set"):
-                m = _SET.match(line)
-                if m:
-                    self.symbols.setdefault(m.group(1), {})[m.group(2)] = m.group(3).strip()
-            else:
-                m = _LABEL.match(line)
-                if m and not m.group(1).startswith(".L"):
-                    self.code_start.setdefault(m.group(1), i)
-
-    def _read_metadata(self, text: str) -> None:
-        doc = yaml.safe_load(text) or {}
+    def _read_metadata(self, doc: Dict[str, Any]) -> None:
         if not self.target and isinstance(doc.get("amdhsa.target"), str):
             m = _TARGET.search(doc["amdhsa.target"])
             self.target = m.group(0) if m else None
@@ -243,30 +192,58 @@ class _Module:
         """Instructions of *name* (label to ``.Lfunc_end``) and each label's instruction index."""
         if name not in self.code_start:
             raise ValueError(f"kernel {name!r} has metadata but no code label in the assembly")
-        instrs: List[_Instr] = []
-        labels: Dict[str, int] = {}
         others = set(self.functions) | set(self.metadata) | set(self.descriptors)
-        for i in range(self.code_start[name] + 1, len(self.lines)):
-            line = _strip_comment(self.lines[i])
-            if not line:
-                continue
-            m = _LABEL.match(line)
-            if m:
-                label = m.group(1)
-                if label.startswith(".Lfunc_end") or (label in others and label != name):
-                    break
-                labels[label] = len(instrs)
-                line = m.group(2).strip()
-                if not line:
-                    continue
-            if line.startswith("."):
-                if line.startswith((".size", ".section", ".amdhsa_kernel", ".end_amdgpu")):
-                    break
-                continue  # alignment/fill directives are not instructions
-            parts = line.split(None, 1)
-            operands = parts[1].strip() if len(parts) > 1 else ""
-            instrs.append(_Instr(parts[0].lower(), operands, self.first_line + i + 1))
-        return _drop_padding(instrs), labels
+        p = self.code_start[name]
+        start, end = self.marks[p][1], len(self.instrs)
+        labels: Dict[str, int] = {}
+        for label, idx in self.marks[p + 1:]:
+            if label is None or label.startswith(".Lfunc_end") or (label in others and label != name):
+                end = idx
+                break
+            labels[label] = idx - start
+        return _drop_padding(self.instrs[start:end]), labels
+
+
+def _modules(text: str) -> List[_Module]:
+    """The files of an assembly text (``compile_isa`` joins one per launched kernel), read with
+    the one scanner of assembly structure, :func:`pa_tile.emu.asmtext.scan`."""
+    mod = _Module()
+    mods = [mod]
+    instrs, marks = mod.instrs, mod.marks
+    for kind, line, a, b in _asmtext.scan(text.splitlines()):
+        if kind is _asmtext.INSTRUCTION:
+            parts = a.split(None, 1)
+            instrs.append(_Instr(parts[0].lower(), parts[1].strip() if len(parts) > 1 else "", line))
+        elif kind is _asmtext.LABEL:
+            if not a.startswith(".L"):
+                mod.code_start.setdefault(a, len(marks))
+            marks.append((a, len(instrs)))
+        elif kind is _asmtext.DIRECTIVE:
+            if a == ".amdgcn_target":
+                mod = _Module()
+                mods.append(mod)
+                instrs, marks = mod.instrs, mod.marks
+                m = _TARGET.search(b)
+                mod.target = m.group(0) if m else None
+            elif a == ".type" and "@function" in b:
+                mod.functions.append(b.split(",")[0].strip())
+            elif a == ".set":
+                m = _SET.match(b)
+                if m:
+                    mod.symbols.setdefault(m.group(1), {})[m.group(2)] = m.group(3).strip()
+            elif a.startswith(_CODE_ENDS):
+                marks.append((None, len(instrs)))
+        elif kind is _asmtext.DESCRIPTOR:
+            desc = mod.descriptors.setdefault(a, {})
+            for _, entry in b:
+                if entry.startswith(".amdhsa_"):
+                    key, _, value = entry.partition(" ")
+                    desc[key[len(".amdhsa_"):]] = value.strip()
+            marks.append((None, len(instrs)))
+        elif kind is _asmtext.METADATA:
+            mod._read_metadata(a)
+            marks.append((None, len(instrs)))
+    return mods
 
 
 def _drop_padding(instrs: List[_Instr]) -> List[_Instr]:
@@ -300,8 +277,7 @@ def _find_loops(instrs: List[_Instr], labels: Dict[str, int]) -> List[Loop]:
 
 def kernel_names(text: str) -> List[str]:
     """Names of the kernels in an assembly text, in order of appearance."""
-    lines = text.splitlines()
-    return [n for _, ml in _split_modules(lines) for n in _Module(0, ml).kernel_names()]
+    return [n for mod in _modules(text) for n in mod.kernel_names()]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -374,7 +350,7 @@ class IsaStats:
         """
         if not isinstance(text, str):
             raise TypeError(f"text must be assembly text (str), got {type(text).__name__}")
-        modules = [_Module(start, ml) for start, ml in _split_modules(text.splitlines())]
+        modules = _modules(text)
         found = [(mod, n) for mod in modules for n in mod.kernel_names()]
         names = [n for _, n in found]
         if not found:
