@@ -220,12 +220,6 @@ class CodeObjectMeta:
     kernels: Dict[str, KernelMeta]
 
 
-def _yaml_loader():
-    import yaml
-
-    return getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-
-
 def kernel_meta_from_dict(k: dict) -> KernelMeta:
     """Typed view of one raw ``amdhsa.kernels`` entry (e.g. ``pa_tile.emu.asm`` Kernel.metadata)."""
 
@@ -263,27 +257,16 @@ def parse_amdgpu_metadata(asm_text: str) -> CodeObjectMeta:
 
     Several blocks (concatenated texts) are merged; they must name the same target.
     """
-    begin, end = ".amdgpu_metadata", ".end_amdgpu_metadata"
-    docs, pos = [], 0
-    while True:
-        i = asm_text.find(begin, pos)
-        # `.amdgpu_metadata` is a prefix of nothing else, but must start a (stripped) line.
-        while i >= 0 and asm_text[asm_text.rfind("\n", 0, i) + 1 : i].strip():
-            i = asm_text.find(begin, i + 1)
-        if i < 0:
-            break
-        j = asm_text.find(end, i)
-        if j < 0:
-            raise ValueError("assembly has .amdgpu_metadata without .end_amdgpu_metadata")
-        import yaml
+    from . import asmtext  # the one reader of assembly structure and metadata
 
-        # The end directive is indented with a tab, which YAML rejects: stop at its line start.
-        block = asm_text[i + len(begin) : asm_text.rfind("\n", i, j) + 1]
-        doc = yaml.load(block, Loader=_yaml_loader())
-        if not isinstance(doc, dict) or "amdhsa.kernels" not in doc:
-            raise ValueError("the .amdgpu_metadata block has no amdhsa.kernels list")
-        docs.append(doc)
-        pos = j + len(end)
+    docs = []
+    for kind, _, doc, _ in asmtext.scan(asm_text.splitlines()):
+        if kind is asmtext.METADATA:
+            if not isinstance(doc, dict) or "amdhsa.kernels" not in doc:
+                raise ValueError("the .amdgpu_metadata block has no amdhsa.kernels list")
+            docs.append(doc)
+        elif kind is asmtext.UNTERMINATED and doc == ".amdgpu_metadata":
+            raise ValueError("assembly has .amdgpu_metadata without .end_amdgpu_metadata")
     if not docs:
         raise ValueError("assembly has no .amdgpu_metadata block (was it compiled with format=isa?)")
     targets = {str(d.get("amdhsa.target", "")) for d in docs}
