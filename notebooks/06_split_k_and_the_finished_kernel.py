@@ -112,7 +112,7 @@ from pa_tile.kernel_lib import LOG2E, TILE, buffer_load, buffer_store, exp2, fma
 from pa_tile.stages import s5_phase_split_mtp as s5
 
 __all__ = ["paged_decode", "launch_args", "build_reduce", "combine_torch", "choose_num_partitions",
-           "workspace_size", "carve", "make_workspace", "LIMITS", "MAX_PARTITIONS"]
+           "workspace_size", "carve", "make_workspace", "LIMITS", "MAX_PARTITIONS", "PARTIAL_BYTES_BUDGET"]
 
 #: the finished kernel supports what chapter 5's does; the split is what this chapter adds
 LIMITS = dataclasses.replace(s5.LIMITS, stage="s6")
@@ -122,6 +122,9 @@ MAX_PARTITIONS = LIMITS.max_partitions
 WORKGROUPS_PER_CU = 4
 #: a partition gets at least this many 256-token tiles (see ``choose_num_partitions``)
 MIN_TILES_PER_PARTITION = 2
+#: the partials a split writes and the reduce reads back may cost at most this fraction of the
+#: K and V bytes the call must read (see ``choose_num_partitions``)
+PARTIAL_BYTES_BUDGET = 0.03
 REDUCE_THREADS = 256
 
 
@@ -284,9 +287,13 @@ assert all(r["finite"] and r["all_empty_row_is_0"] and float(r["max_err"]) < 2**
 #    The target is `4 × CUs` of them (1216 on MI300X, 1024 on MI355X): the finished kernel runs 4–5
 #    waves per SIMD, i.e. 4 resident 4-wave workgroups per CU, so one full round of residency keeps
 #    every CU's memory pipeline busy; beyond that a split only adds partials.
-# 2. **Enough work per partition.** Every partition gets at least `MIN_TILES_PER_PARTITION = 2`
-#    tiles (512 tokens, 128 KB of K+V at head_dim 128): its 8 KB of partials (16 rows) then cost
-#    under 7 % of what it reads.
+# 2. **Enough work per partition, few bytes of partials.** Every partition gets at least
+#    `MIN_TILES_PER_PARTITION = 2` tiles (512 tokens, 128 KB of K+V at head_dim 128), and all
+#    partitions' partials together stay under `PARTIAL_BYTES_BUDGET = 3 %` of the K and V bytes the
+#    call must read: decode is memory-bound, and the partials are bytes the unsplit kernel never
+#    moves. Per KV head that is `P ≤ 0.03 · tiles · 512 · head_dim / (4 · rows · (head_dim + 2))`,
+#    about `3.8 · tiles / rows`: 8 query rows may split a 5-tile context in 2, 16 rows not at all,
+#    and a 128-tile context up to 61 or 30 ways.
 # 3. **No idle tail.** The split is rounded so the longest sequence's tiles divide evenly:
 #    `tiles per partition = ceil(tiles / P)`, then `P = ceil(tiles / tiles per partition)`.
 #
@@ -301,7 +308,8 @@ def choose_num_partitions(num_seqs, num_kv_heads, max_context, *, arch, head_dim
     """The split-K partition count for a problem shape (1 = no split, no reduce).
 
     Aims for ``WORKGROUPS_PER_CU × cu_count`` workgroups of the partial kernel while giving every
-    partition at least ``MIN_TILES_PER_PARTITION`` 256-token tiles, then rounds so the longest
+    partition at least ``MIN_TILES_PER_PARTITION`` 256-token tiles and keeping the partials'
+    bytes under ``PARTIAL_BYTES_BUDGET`` of the K/V bytes, then rounds so the longest
     sequence's tiles split evenly (no trailing empty partition). ``cu_count``: the device's
     (``pa_tile.backend.cu_count``); None takes the flagship part of ``arch`` (``pa_tile.arch``).
     """
@@ -312,7 +320,11 @@ def choose_num_partitions(num_seqs, num_kv_heads, max_context, *, arch, head_dim
     tiles = max(1, -(-max_context // TILE))
     want = -(-WORKGROUPS_PER_CU * cu_count // base)
     cap = max(1, tiles // MIN_TILES_PER_PARTITION)
-    parts = max(1, min(want, cap, MAX_PARTITIONS))
+    # each partition writes rows × (head_dim + 2) floats per KV head that the reduce reads back;
+    # the KV head's K and V are 2 × 256 × head_dim fp8 bytes per tile
+    rows = group * query_length
+    budget = int(PARTIAL_BYTES_BUDGET * tiles * 2 * TILE * head_dim // (rows * (head_dim + 2) * 4))
+    parts = max(1, min(want, cap, budget, MAX_PARTITIONS))
     per = -(-tiles // parts)
     return -(-tiles // per)
 
@@ -331,11 +343,13 @@ print("partitions (workgroups per CU), group 8, query_length 1, head_dim 128")
 print(format_table(hrows))
 
 # %% [markdown]
-# Read the table by rows. One sequence of 32k tokens on 8 KV heads: 64 partitions of 2 tiles, 1.7
-# workgroups per CU instead of 0.03. At 4k tokens the split stops at 8 (two tiles each): past
-# that, partials would cost more than the parallelism returns. A batch of 64 × 8 heads (512
-# workgroups) is topped up to ~4 per CU by a 2–3-way split; at 256 × 8 nothing splits.
-# MI355X has fewer CUs, so it splits a little less for the same problem.
+# Read the table by rows. One sequence of 32k tokens on 8 KV heads: 43 partitions of 3 tiles,
+# 1.1 workgroups per CU instead of 0.03; the partials' byte budget, not the CU count, stops it
+# there (64 partitions of 2 tiles would read 3.2 % of the K/V bytes again as partials). At 4k
+# tokens the budget allows 6 (3 tiles each), at 1k none: a 4-tile context is read by one
+# workgroup per KV head, and its latency, not bandwidth, bounds the call. A batch of 64 × 8
+# heads (512 workgroups) is topped up to 4–5 per CU by a 2–3-way split; at 256 × 8 nothing
+# splits. MI355X has fewer CUs, so it splits a little less for the same problem.
 #
 # ## The workspace
 #
@@ -523,8 +537,9 @@ for P in (2, 5):
 # The upstream tile kernel stops at head_dim 128. Chapter 5's kernel is written for any multiple of
 # 64 channels (`head_dim/64` K chunks per lane, `head_dim/16` output chunks), and the reduce above
 # handles 256 (64 lanes per row). What does 256 cost? The output fragment of one M-tile doubles to
-# 64 registers per lane, K and V of a tile to 64 each, and the merge's LDS exchange to 16 KB:
-# measured on the compiled code (gfx942, block 16, bf16, one M-tile).
+# 64 registers per lane and K and V of a tile to 64 each; the LDS barely grows (the merge's
+# exchange rounds are sized to the staged query): measured on the compiled code (gfx942, block 16,
+# bf16, one M-tile).
 
 # %%
 def stats_for(arch, bs, hd, g, ql, scales="per-tensor", P=1, which=0):
@@ -547,8 +562,8 @@ if supports_256:
     print(format_table(r256))
 
 # %% [markdown]
-# head_dim 256 doubles the output fragment and the K/V registers of a tile (about 75 registers more
-# than head_dim 128) and the merge's LDS exchange: 2 waves per SIMD instead of 4, no scratch, and it
+# head_dim 256 doubles the output fragment and the K/V registers of a tile (about 70 registers more
+# than head_dim 128): 2 waves per SIMD instead of 4, 256 more bytes of LDS, no scratch, and it
 # matches the reference in the emulator (tested). Half the occupancy is the price of keeping a
 # 256-channel output fragment per wave; loading K and V in two head-dim halves, or splitting the
 # output across waves (upstream's P·V layout, at the cost of an LDS round trip per tile), would win

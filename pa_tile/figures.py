@@ -16,7 +16,7 @@ from typing import Dict, Mapping, Optional, Sequence
 import numpy as np
 
 __all__ = ["OKABE_ITO", "decode_floor", "cache_layouts", "mfma_atom", "wave_split", "mfma_ownership", "softmax_butterfly",
-           "load_segments", "lds_banks", "phase_timeline", "split_k", "roofline", "static_facts",
+           "load_segments", "lds_banks", "phase_timeline", "traffic_bars", "split_k", "roofline", "static_facts",
            "trace_facts"]
 
 #: Okabe & Ito's colour-blind-safe palette (black last: it is kept for text and markers)
@@ -295,16 +295,20 @@ def lds_banks(strides: Sequence[int] = (4, 5), banks: int = 32, heads: int = 16,
 # chapter 05
 
 def phase_timeline(m_tiles: int = 2, tiles: int = 2):
-    """One wave's instruction stream for ``tiles`` trips of chapter 5's loop and the merge after
-    it, M-tile by M-tile (top) against the phase split (bottom): phase A = every M-tile's
-    scores and row max on K's registers, then V loaded into those registers, phase B = every
-    M-tile's exp / fp8 pack / P·V (without the split K and V are in registers together). Dashed lines are ``sched_barrier`` (a compiler fence: no
-    wait); solid lines are workgroup ``s_barrier`` s, which appear only in the merge."""
+    """One wave's instruction stream for ``tiles`` trips of chapter 5's loop, between the query's
+    staging and the merge, M-tile by M-tile (top) against the phase split (bottom). Phase A, on
+    K's registers: each M-tile's scores, row max, exp and fp8 pack; V is issued after the last
+    M-tile's scores, into the registers K just freed. Phase B, on V's registers: every M-tile's
+    P·V. Without the split K and V are in registers together. Dashed lines are
+    ``sched_barrier`` (a compiler fence: no wait); solid lines are workgroup ``s_barrier`` s:
+    one after the query is staged, the rest in the merge."""
     plt = _plt()
-    kinds = {"load": ("K loads, page ids", OKABE_ITO[7], 1.0), "score": ("scores + row max", OKABE_ITO[4], 1.6),
+    kinds = {"query": ("query: loaded once, staged in LDS", OKABE_ITO[2], 1.2),
+             "load": ("K loads, page ids", OKABE_ITO[7], 1.0), "score": ("scores (Q from LDS)", OKABE_ITO[4], 1.0),
+             "soft": ("row max, exp, fp8 pack", OKABE_ITO[1], 1.0),
              "vload": ("V loads (into K's registers)", "#999999", 1.0),
-             "pv": ("exp, fp8 pack, P·V", OKABE_ITO[0], 1.6), "merge": ("merge of the 4 waves", OKABE_ITO[6], 0.9)}
-    fig, ax = plt.subplots(figsize=(WIDTH, 3.4))
+             "pv": ("P·V", OKABE_ITO[0], 0.8), "merge": ("merge of the 4 waves", OKABE_ITO[6], 0.9)}
+    fig, ax = plt.subplots(figsize=(WIDTH, 3.6))
 
     def draw(y, seq):
         x = 0.0
@@ -322,12 +326,17 @@ def phase_timeline(m_tiles: int = 2, tiles: int = 2):
         return x
 
     merge = [("merge", "", "barrier")] + [("merge", f"m{m}", "barrier") for m in range(m_tiles)]
-    naive, split = [], []
+    naive, split = [("query", "", "barrier")], [("query", "", "barrier")]
     for _ in range(tiles):
-        naive += [("load", "", None), ("vload", "", None)] + sum(([("score", f"m{m}", None), ("pv", f"m{m}", None)]
-                                             for m in range(m_tiles)), [])
-        split += ([("load", "", "sched")] + [("score", f"m{m}", None) for m in range(m_tiles)]
-                  + [("vload", "", "sched")] + [("pv", f"m{m}", None) for m in range(m_tiles)])
+        naive += [("load", "", None), ("vload", "", None)] + sum(
+            ([("score", f"m{m}", None), ("soft", f"m{m}", None), ("pv", f"m{m}", None)] for m in range(m_tiles)), [])
+        split += [("load", "", "sched")]
+        for m in range(m_tiles):
+            split += [("score", f"m{m}", "sched" if m == m_tiles - 1 else None)]
+            if m == m_tiles - 1:
+                split += [("vload", "", None)]
+            split += [("soft", f"m{m}", "sched" if m < m_tiles - 1 else None)]
+        split += [("pv", f"m{m}", "sched" if m < m_tiles - 1 else None) for m in range(m_tiles)]
     end = max(draw(1, naive + merge), draw(0, split + merge))
     ax.set_yticks([0, 1], ["phase split\n(chapter 5)", "M-tile by M-tile"])
     ax.set_xticks([])
@@ -336,10 +345,31 @@ def phase_timeline(m_tiles: int = 2, tiles: int = 2):
     handles = _patches([v[0] for v in kinds.values()], [v[1] for v in kinds.values()])
     handles += [plt.Line2D([], [], ls="--", color="0.2", label="sched_barrier (compiler fence)"),
                 plt.Line2D([], [], ls="-", color=OKABE_ITO[5], lw=2, label="s_barrier (whole workgroup)")]
-    ax.legend(handles=handles, fontsize=FONT, ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.12))
-    _style(ax, f"One wave, {tiles} tiles of the loop then the merge, {m_tiles} M-tiles per workgroup",
-           None, None)
+    ax.legend(handles=handles, fontsize=FONT, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.12))
+    _style(ax, f"One wave, {tiles} tiles of the loop between the query's staging and the merge, "
+           f"{m_tiles} M-tiles per workgroup", None, None)
     ax.set_xlabel("issue order (schematic, not to scale) →", fontsize=FONT)
+    fig.tight_layout()
+    return fig
+
+
+def traffic_bars(labels: Sequence[str], series: Mapping[str, Sequence[float]], *, title: str,
+                 ylabel: str = "bytes loaded / compulsory bytes"):
+    """Grouped bars of a call's loaded bytes against the compulsory bytes, one group per shape
+    ``labels[i]`` and one bar per ``series`` (name -> ratios), with the 1.0 line (every byte once)."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(WIDTH, 3.2))
+    n = len(series)
+    width = 0.8 / n
+    x = np.arange(len(labels))
+    for k, (name, values) in enumerate(series.items()):
+        bars = ax.bar(x + (k - (n - 1) / 2) * width, values, width, label=name, color=LINE_COLORS[k % len(LINE_COLORS)])
+        for b, v in zip(bars, values):
+            ax.text(b.get_x() + b.get_width() / 2, v + 0.03, f"{v:.2f}", ha="center", va="bottom", fontsize=FONT - 1)
+    ax.axhline(1.0, color="0.3", lw=1, ls="--")
+    ax.set_xticks(x, labels)
+    ax.legend(fontsize=FONT, loc="upper left")
+    _style(ax, title, None, ylabel)
     fig.tight_layout()
     return fig
 

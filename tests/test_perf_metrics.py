@@ -57,20 +57,23 @@ EXPECTED = {
     ("s4", "gfx950"): dict(loop_static=334, per_tile=936, k_coalescing=1.000, v_coalescing=1.000,
                            k_bytes_per_load=1024, v_bytes_per_load=1024, kv_bytes_per_tile=65536,
                            lds_degree=1, lds_cycles_per_tile=0.0),
-    # s5: phase-split MTP / wide-GQA kernel at ql 1, group 8 (one M-tile).
-    ("s5", "gfx942"): dict(loop_static=279, per_tile=700, k_coalescing=1.000, v_coalescing=1.000,
+    # s5: phase-split MTP / wide-GQA kernel at ql 1, group 8 (one M-tile). Since the query is staged
+    # in LDS once per workgroup, the loop reads Q back each tile (2 ds_read_b128: 5 fewer static
+    # instructions, 8 fewer registers; gfx950 +12 dynamic per tile).
+    ("s5", "gfx942"): dict(loop_static=274, per_tile=700, k_coalescing=1.000, v_coalescing=1.000,
                            k_bytes_per_load=1024, v_bytes_per_load=1024, kv_bytes_per_tile=65536,
                            lds_degree=2, lds_cycles_per_tile=0.0),
-    ("s5", "gfx950"): dict(loop_static=287, per_tile=728, k_coalescing=1.000, v_coalescing=1.000,
+    ("s5", "gfx950"): dict(loop_static=284, per_tile=740, k_coalescing=1.000, v_coalescing=1.000,
                            k_bytes_per_load=1024, v_bytes_per_load=1024, kv_bytes_per_tile=65536,
                            lds_degree=2, lds_cycles_per_tile=0.0),
     # s6: s5's kernel split into partitions of 2 tiles (1024 tokens: 2, 2048: 4) plus the reduce:
     # per tile it executes ~2.3x s5's instructions (each partition's prologue, merge and partial
-    # store, and the reduce), the price of spreading one sequence over more CUs.
-    ("s6", "gfx942"): dict(loop_static=279, per_tile=1584.5, k_coalescing=1.000, v_coalescing=1.000,
+    # store, and the reduce), the price of spreading one sequence over more CUs. The merge through
+    # half the LDS in twice the rounds adds ~55 a tile here (once per partition of 2 tiles).
+    ("s6", "gfx942"): dict(loop_static=274, per_tile=1644.5, k_coalescing=1.000, v_coalescing=1.000,
                            k_bytes_per_load=1024, v_bytes_per_load=1024, kv_bytes_per_tile=65536,
                            lds_degree=2, lds_cycles_per_tile=8.0),
-    ("s6", "gfx950"): dict(loop_static=287, per_tile=1642.5, k_coalescing=1.000, v_coalescing=1.000,
+    ("s6", "gfx950"): dict(loop_static=284, per_tile=1695, k_coalescing=1.000, v_coalescing=1.000,
                            k_bytes_per_load=1024, v_bytes_per_load=1024, kv_bytes_per_tile=65536,
                            lds_degree=2, lds_cycles_per_tile=8.0),
 }

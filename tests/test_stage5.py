@@ -325,9 +325,9 @@ def test_bad_options_are_named(kwargs, name, exc, monkeypatch):
 
 # Upstream FlyDSL pa_decode_tile (commit 11c4174d, NP=1, bf16 query, trans-blocked V), from
 # pa_tile/data/upstream_pa_decode_tile_isa.md: (arch, block, head_dim, query_length,
-# group, per_token) -> (VGPR+AGPR, waves per SIMD).
+# group, per_token) -> (VGPR+AGPR, waves per SIMD, LDS bytes).
 UPSTREAM = {
-    (r["arch"], r["block"], r["head_dim"], r["query_len"], r["group"], r["per_token"]): (r["vgpr"], r["occ"])
+    (r["arch"], r["block"], r["head_dim"], r["query_len"], r["group"], r["per_token"]): (r["vgpr"], r["occ"], r["lds"])
     for r in upstream.tile_isa_figures()
 }
 assert len(UPSTREAM) == 64
@@ -363,8 +363,9 @@ def _keys():
 def test_resources_match_or_beat_upstream(key):
     st, occ = _resources(key)
     assert st.scratch_bytes == 0 and st.vgpr_spill == 0 and st.sgpr_spill == 0
-    vgpr, waves = UPSTREAM[key]
+    vgpr, waves, lds = UPSTREAM[key]
     assert st.vgpr_unified <= vgpr and occ >= waves, f"ours {st.vgpr_unified} regs / {occ} waves, upstream {vgpr} / {waves}"
+    assert st.lds_bytes <= lds, f"ours {st.lds_bytes} B of LDS, upstream {lds}"
 
 
 # head_dim 256 has no upstream figure. Recorded from the chapter's table: one M-tile per workgroup

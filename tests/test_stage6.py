@@ -111,10 +111,14 @@ def test_reduce_matches_model(arch, S, kvh, NP, ql, g, hd, qdt, device):
 def test_heuristic_fills_the_machine_without_tiny_partitions():
     for arch, cus in (("gfx942", 304), ("gfx950", 256)):
         assert pa_tile.arch.info(arch).cu_count == cus
-        # one long sequence: split as far as the kernel allows, 2 tiles per partition
-        assert s6.choose_num_partitions(1, 8, 32768, arch=arch) == 64
-        # 4k tokens = 16 tiles: capped at 8 partitions of 2 tiles
-        assert s6.choose_num_partitions(1, 8, 4096, arch=arch) == 8
+        # one long sequence: the partials' byte budget caps it (128 tiles, 8 rows: at most
+        # 0.03·128·512·128 / (8·130·4) = 60), rounded to 3 tiles per partition -> 43
+        assert s6.choose_num_partitions(1, 8, 32768, arch=arch) == 43
+        # 4k tokens = 16 tiles: budget 7, rounded to 3 tiles per partition -> 6
+        assert s6.choose_num_partitions(1, 8, 4096, arch=arch) == 6
+        # 16 rows a KV head halve the budget; 64 rows (MTP 4 x group 16) of a 1027-token context: none
+        assert s6.choose_num_partitions(1, 8, 4096, arch=arch, group=16) == 3
+        assert s6.choose_num_partitions(3, 1, 1027, arch=arch, group=16, query_length=4) == 1
         # 1 tile or 1 token: nothing to split
         assert s6.choose_num_partitions(1, 1, 256, arch=arch) == 1
         assert s6.choose_num_partitions(1, 1, 1, arch=arch) == 1
@@ -142,6 +146,17 @@ def test_heuristic_never_exceeds_limits():
                     assert P == 1 or tiles // P >= s6.MIN_TILES_PER_PARTITION
                     per = -(-tiles // P)
                     assert per * (P - 1) < tiles  # the longest sequence leaves no partition empty
+
+
+def test_heuristic_keeps_the_partials_under_their_byte_budget():
+    for rows_g, ql in ((1, 1), (8, 1), (16, 1), (8, 4), (32, 4)):
+        for hd in (64, 128, 256):
+            for ctx in (256, 1027, 4096, 32768, 100000):
+                P = s6.choose_num_partitions(1, 1, ctx, arch="gfx942", head_dim=hd, group=rows_g, query_length=ql)
+                if P > 1:
+                    tiles = -(-ctx // 256)
+                    partials = P * rows_g * ql * (hd + 2) * 4
+                    assert partials <= s6.PARTIAL_BYTES_BUDGET * tiles * 2 * 256 * hd
 
 
 # ---------------------------------------------------------------------------- the finished kernel

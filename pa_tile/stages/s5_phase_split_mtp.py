@@ -38,7 +38,7 @@ from pa_tile.kernel_lib import (
 )
 
 __all__ = ["paged_decode", "paged_decode_partials", "build_launcher", "launch_args", "kernel_args", "plan",
-           "LIMITS", "K_LAYOUT", "V_LAYOUT"]
+           "LIMITS", "K_LAYOUT", "V_LAYOUT", "DEFAULT_M_TILES", "exchange_slots"]
 
 #: what the stage-5 kernel supports; head_dim 256 goes beyond the upstream tile kernel (64, 128)
 LIMITS = problem.Limits(stage="s5", head_dims=(64, 128, 256), block_sizes=(16, 64), groups=None, max_group=32,
@@ -50,18 +50,21 @@ V_LAYOUT = "v_trans_blocked"  # (plain V is accepted too)
 NINF = float("-inf")
 
 
+#: the most M-tiles one workgroup carries by default, per head_dim: their output fragments
+#: (``head_dim/4`` registers per lane each) are what the loop cannot give back
+DEFAULT_M_TILES = {64: 2, 128: 2, 256: 1}
+
+
 def plan(head_dim, group, query_length, m_tiles=None):
     """``(rows, m_tiles_total, m_tiles_per_workgroup, m_groups)`` for a problem shape.
 
-    Each M-tile a workgroup carries costs a loop-resident output fragment of
-    ``head_dim/16 · 4`` registers per lane plus its Q operand, scores and stats, so a
-    workgroup takes at most ``m_tiles`` of them (default 1: the registers of a second M-tile
-    cost more occupancy than re-reading K/V) and the rest go to more workgroups along grid y,
-    which re-read the same K/V pages (from L2).
+    A workgroup takes at most ``m_tiles`` M-tiles (default ``DEFAULT_M_TILES[head_dim]``) and
+    reads K and V once for all of them; more M-tiles go to more workgroups along grid y, and each
+    of those reads the KV head's K and V again.
     """
     rows = query_length * group
     total = -(-rows // 16)
-    cap = 1 if m_tiles is None else m_tiles
+    cap = DEFAULT_M_TILES[head_dim] if m_tiles is None else m_tiles
     groups = -(-total // cap)
     per_wg = -(-total // groups)  # spread evenly: 3 M-tiles -> 2 + 2 (one padding tile), not 2 + 1
     return rows, total, per_wg, groups
@@ -137,6 +140,20 @@ def _exp_pack(s, c, m_new, log2_fp8_max, v_weight):
     return [i64(words[0], words[1]), i64(words[2], words[3])], total
 
 
+def exchange_slots(head_dim, m_tiles):
+    """d-chunk slots each wave sends per round of the merge, and the bytes of the shared region the
+    query staging and the merge take turns in. A round moves ``WAVES·WAVE·16·slots`` bytes; the
+    slots per round are as many as fit in what the staged query needs anyway (at least 4 KB), so
+    one M-tile at head_dim 128 merges through 4 KB in 6 rounds, not 8 KB in 3."""
+    cpw = head_dim // 16 // WAVES
+    staged = m_tiles * (16 * head_dim + 4 * WAVE)  # fp8 Q operands + one scale per lane, per M-tile
+    room = max(4096, staged)
+    slots = cpw
+    while slots > 1 and WAVES * WAVE * 16 * slots > room:
+        slots //= 2
+    return slots, max(staged, WAVES * WAVE * 16 * slots)
+
+
 @functools.lru_cache(maxsize=None)
 def build_launcher(arch, block_size, head_dim, group, query_length, q_dtype="f16", per_token=False,
                    trans_v=True, sliding_window=0, num_partitions=1, m_tiles=None):
@@ -158,6 +175,8 @@ def build_launcher(arch, block_size, head_dim, group, query_length, q_dtype="f16
     NH = HD // 64  # 64-channel halves of a K row: K chunks grp and grp + 4
     NCH = HD // 16  # 16-channel d-chunks of the output
     CPW = NCH // WAVES  # d-chunks each wave owns after the merge
+    XS, SHARED_BYTES = exchange_slots(HD, MT)
+    Q_SCALES = MT * NH * WAVE * 16  # byte offset of the staged query scales
     PAGE_BYTES = BS * HD
     PPS = SPAN // BS  # pages per wave span: 4 (block 16) or 1 (block 64)
     V_CHUNK = 16 * (16 if trans_v or BS == 16 else BS)  # bytes between d-chunks of a V page
@@ -166,7 +185,9 @@ def build_launcher(arch, block_size, head_dim, group, query_length, q_dtype="f16
     @fx.struct
     class Shared:
         stats: fx.Array[fx.Float32, MT * 2 * 16 * WAVES, 16]  # [m-tile][max | sum][row][wave]
-        xchg: fx.Array[fx.Float32, WAVES * CPW * WAVE * 4, 16]  # [sender][slot][lane] x f32x4
+        # before the loop: the staged query ([m-tile][K chunk pair][lane] x 16 fp8 codes, then
+        # [m-tile][lane] scales); after it: the merge's exchange, [sender][slot][lane] x f32x4
+        shared: fx.Array[fx.Float32, SHARED_BYTES // 4, 16]
         scales: fx.Array[fx.Float32, SC_FLOATS, 16]
 
     @flyc.kernel(known_block_size=(WAVES * WAVE, 1, 1))
@@ -186,6 +207,8 @@ def build_launcher(arch, block_size, head_dim, group, query_length, q_dtype="f16
         part = fx.Int32(gpu.block_id("z"))
         q_rs, k_rs, v_rs, bt_rs = (rsrc(t) for t in (query, key_cache, value_cache, block_tables))
         ctx = scalar_load(context_lengths, seq)
+        lds = fx.SharedAllocator().allocate(Shared).peek()
+        shared = fx.recast_iter(fx.Uint8, lds.shared.ptr)
 
         # ---- query rows: flattened (MTP position, head), 16 per M-tile
         rows = []
@@ -199,13 +222,32 @@ def build_launcher(arch, block_size, head_dim, group, query_length, q_dtype="f16
         if const_expr(not per_token):
             k_scale = scalar_load(key_scale, 0).bitcast(fx.Float32)
             v_scale = scalar_load(value_scale, 0).bitcast(fx.Float32)
-        q_ops, c_qk = [], []
+
+        # ---- the query, loaded once per workgroup: wave m % 4 loads and quantizes M-tile m and
+        # stages its fp8 operands in LDS; every wave reads them back each tile (Q stays out of
+        # the loop's registers, and no byte of the query is fetched twice)
         for m in range_constexpr(MT):
-            r, qi, g = rows[m]
-            row_elem = (seq * QL + qi) * q_stride_row + (kvh * G + g) * q_stride_head
-            ops, q_scale = _query_operands(q_rs, row_elem, r < ROWS, FMAX, grp, HD, QDT)
-            q_ops.append(ops)
+            if wave == m % WAVES:
+                r, qi, g = rows[m]
+                row_elem = (seq * QL + qi) * q_stride_row + (kvh * G + g) * q_stride_head
+                ops, q_scale = _query_operands(q_rs, row_elem, r < ROWS, FMAX, grp, HD, QDT)
+                for k in range_constexpr(NH):
+                    pair = fx.Vector.from_elements([ops[2 * k], ops[2 * k + 1]], dtype=fx.Int64)
+                    lds_store(shared, ((m * NH + k) * WAVE + lane) * 16, pair.bitcast(fx.Float32))
+                lds_store(shared, Q_SCALES + (m * WAVE + lane) * 4,
+                          fx.Vector.from_elements([q_scale], dtype=fx.Float32))
+        gpu.barrier()
+        c_qk = []
+        for m in range_constexpr(MT):
+            q_scale = fx.Float32(lds_load(shared, Q_SCALES + (m * WAVE + lane) * 4, 1)[0])
             c_qk.append(q_scale * scale_log2 if const_expr(per_token) else q_scale * k_scale * scale_log2)
+
+        def q_operands(m):
+            ops = []
+            for k in range_constexpr(NH):
+                pair = lds_load(shared, ((m * NH + k) * WAVE + lane) * 16, 4).bitcast(fx.Int64)
+                ops.extend([pair[0], pair[1]])
+            return ops
 
         # Causal bound of each row: query qi sits at ctx - QL + qi and sees tokens <= it
         # (and, with a window, > it - W). As lane-token counts: n_hi = hi1 - (lane's first token).
@@ -262,7 +304,18 @@ def build_launcher(arch, block_size, head_dim, group, query_length, q_dtype="f16
         def load_scale(rs, page):
             return buffer_load(rs, ((page * num_kv_heads + kvh) * BS + s_tok) * 4, 1).bitcast(fx.Float32)
 
-        lds = fx.SharedAllocator().allocate(Shared).peek()
+        def scores(k_words, q_ops):
+            """The lane's 16 scores of one M-tile: lane-tokens 4a + i of its row."""
+            s = []
+            for a in range_constexpr(4):
+                acc = fx.Vector.filled(4, 0.0, fx.Float32)
+                for h in range_constexpr(NH):
+                    for half in range_constexpr(2):
+                        w0 = (a * NH + h) * 4 + 2 * half
+                        acc = mfma(i64(k_words[w0], k_words[w0 + 1]), q_ops[2 * h + half], acc)
+                s.extend([fx.Float32(acc[i]) for i in range_constexpr(4)])
+            return s
+
         if const_expr(per_token):
             ks_rs, vs_rs = rsrc(key_scale), rsrc(value_scale)
             sc_lds = fx.recast_iter(fx.Uint8, lds.scales.ptr)
@@ -287,107 +340,94 @@ def build_launcher(arch, block_size, head_dim, group, query_length, q_dtype="f16
             k_page_next = page_id(t + 1, k_page_j)
             v_page_next = page_id(t + 1, v_page_j)
             fx.rocdl.sched_barrier(0)  # K (and scales, page ids) ahead of phase A
-
-            # ---- phase A: every M-tile's scores (turned around: lane = row, 16 tokens each)
-            s_all = []
-            for m in range_constexpr(MT):
-                for a in range_constexpr(4):
-                    acc = zero4
-                    for h in range_constexpr(NH):
-                        for half in range_constexpr(2):
-                            w0 = (a * NH + h) * 4 + 2 * half
-                            acc = mfma(i64(k_words[w0], k_words[w0 + 1]), q_ops[m][2 * h + half], acc)
-                    for i in range_constexpr(4):
-                        s_all.append(fx.Float32(acc[i]))
-            # V is issued only now, into the registers K just freed: loaded with K, its
-            # 4·head_dim/16 registers would sit next to K, O, Q and the scores (the old peak).
-            # The row max, exp and pack below cover part of its latency; other waves the rest.
-            fx.rocdl.sched_barrier(0)
-            v_words = load_v(v_page)
-            if const_expr(per_token):
-                # one scale per lane -> LDS; the lane's 16 come back as 4 broadcast reads. Only
-                # this wave touches its slots, so no barrier (the wave's LDS ops stay in order).
-                # Tokens no row can see (past the context, before the earliest row's window)
-                # hold finite scales too; in the wave max they would shrink every real token's
-                # weight v_scale/vmax and with it P before its e4m3 rounding. 0 keeps them out
-                # (and gives them weight 0, even for a NaN scale).
-                # This lane's scales are token lane of the wave's span; the bounds move to the
-                # (uniform) right side so the loop keeps no extra per-lane token index.
-                span0 = t * TILE + wave * SPAN
-                live = lane < ctx - span0
-                if const_expr(W > 0):
-                    live = live & (lane >= ctx - (QL - 1) - W - span0)
-                v_sc1 = fx.Float32(select(live, v_sc1, fx.Float32(0.0)))
-                vmax = v_sc1
-                for k in (1, 2, 4, 8, 16, 32):
-                    vmax = fmax(vmax, xor_lanes(vmax, k))
-                # one factor for all 64 tokens of the wave; a wave with no live token (or only
-                # ~0 scales) gets 1, not rcp(tiny): O is rescaled by rv·vmax every tile and
-                # O·1e30 could overflow
-                vmax = fx.Float32(select(vmax > 1e-30, vmax, fx.Float32(1.0)))
-                rv = rcp(vmax)
-                lds_store(sc_lds, sc_k + lane * 4, fx.Vector.from_elements([k_sc1], dtype=fx.Float32))
-                lds_store(sc_lds, sc_v + lane * 4, fx.Vector.from_elements([v_sc1 * rv], dtype=fx.Float32))
-                scaled = list(s_all)
-                for q in range_constexpr(4):
-                    fx.rocdl.sched_barrier(0)  # 4 scales at a time, not 16 next to V in flight
-                    k4 = lane_scales(sc_k, q)
-                    for m in range_constexpr(MT):
-                        for i in range_constexpr(4):
-                            scaled[16 * m + 4 * q + i] = s_all[16 * m + 4 * q + i] * fx.Float32(k4[i])
-                s_all = scaled
-            s_all = fx.Vector.from_elements(s_all, dtype=fx.Float32)
-
             tok = t * TILE + wave * SPAN + grp * 16  # the lane's first token
-            if const_expr(W > 0):
-                s_all = _mask_scores(s_all, [hi1[m] - tok for m in range_constexpr(MT)],
-                                     [hi1[m] - W - tok for m in range_constexpr(MT)], MT)
-                v_words = _zero_tail_v(v_words, ctx - tok, NCH)
-            else:
-                if t * TILE + TILE > ctx - QL + 1:  # only tiles holding a causally hidden or absent token
-                    s_all = _mask_scores(s_all, [hi1[m] - tok for m in range_constexpr(MT)], None, MT)
-                    v_words = _zero_tail_v(v_words, ctx - tok, NCH)
 
-            m_new = []
+            # ---- phase A, M-tile by M-tile on K's registers: scores, row max, exp and fp8 pack.
+            # V is issued after the last M-tile's score MFMAs, into the registers K just freed;
+            # that M-tile's softmax (and the other waves) cover its latency.
+            p_all, corr_all, m_new, l_next = [], [], [], []
+            v_words = k_words  # a stand-in of the same type until V is issued (the mask branch yields it)
             for m in range_constexpr(MT):
-                s = [s_all[16 * m + i] for i in range_constexpr(16)]
-                m_new.append(fmax(fx.Float32(st[M0 + m]), _row_max(s, c_qk[m])))
-
-            # ---- phase B: every M-tile's exp, pack and P·V (V as A, P as B: O is [d, row])
-            v_weight = functools.partial(lane_scales, sc_v) if const_expr(per_token) else None
-            o_next, l_next = [], []
-            for m in range_constexpr(MT):
-                s = [s_all[16 * m + i] for i in range_constexpr(16)]
-                p_ops, p_sum = _exp_pack(s, c_qk[m], m_new[m], LOG2_FMAX, v_weight)
-                corr = exp2(fx.Float32(st[M0 + m]) - m_new[m])
+                fx.rocdl.sched_barrier(0)  # one M-tile at a time: interleaved, their temporaries add up
+                s = scores(k_words, q_operands(m))
+                if const_expr(m == MT - 1):
+                    fx.rocdl.sched_barrier(0)
+                    v_words = load_v(v_page)
+                if const_expr(per_token and m == 0):
+                    # one scale per lane -> LDS; the lane's 16 come back as 4 broadcast reads. Only
+                    # this wave touches its slots, so no barrier (the wave's LDS ops stay in order).
+                    # Tokens no row can see (past the context, before the earliest row's window)
+                    # hold finite scales too; in the wave max they would shrink every real token's
+                    # weight v_scale/vmax and with it P before its e4m3 rounding. 0 keeps them out
+                    # (and gives them weight 0, even for a NaN scale).
+                    span0 = t * TILE + wave * SPAN
+                    live = lane < ctx - span0
+                    if const_expr(W > 0):
+                        live = live & (lane >= ctx - (QL - 1) - W - span0)
+                    v_sc1 = fx.Float32(select(live, v_sc1, fx.Float32(0.0)))
+                    vmax = v_sc1
+                    for k in (1, 2, 4, 8, 16, 32):
+                        vmax = fmax(vmax, xor_lanes(vmax, k))
+                    # one factor for all 64 tokens of the wave; a wave with no live token (or only
+                    # ~0 scales) gets 1, not rcp(tiny): O is rescaled by rv·vmax every tile and
+                    # O·1e30 could overflow
+                    vmax = fx.Float32(select(vmax > 1e-30, vmax, fx.Float32(1.0)))
+                    rv = rcp(vmax)
+                    lds_store(sc_lds, sc_k + lane * 4, fx.Vector.from_elements([k_sc1], dtype=fx.Float32))
+                    lds_store(sc_lds, sc_v + lane * 4, fx.Vector.from_elements([v_sc1 * rv], dtype=fx.Float32))
+                if const_expr(per_token):
+                    for q in range_constexpr(4):
+                        fx.rocdl.sched_barrier(0)  # 4 scales at a time, not 16 next to V in flight
+                        k4 = lane_scales(sc_k, q)
+                        for i in range_constexpr(4):
+                            s[4 * q + i] = s[4 * q + i] * fx.Float32(k4[i])
+                s = fx.Vector.from_elements(s, dtype=fx.Float32)
+                if const_expr(W > 0):
+                    s = _mask_scores(s, [hi1[m] - tok], [hi1[m] - W - tok], 1)
+                else:
+                    if t * TILE + TILE > ctx - QL + 1:  # only tiles holding a causally hidden or absent token
+                        s = _mask_scores(s, [hi1[m] - tok], None, 1)
+                        if const_expr(m == MT - 1):
+                            v_words = _zero_tail_v(v_words, ctx - tok, NCH)
+                mx = fmax(fx.Float32(st[M0 + m]), _row_max(s, c_qk[m]))
+                v_weight = functools.partial(lane_scales, sc_v) if const_expr(per_token) else None
+                p_ops, p_sum = _exp_pack(s, c_qk[m], mx, LOG2_FMAX, v_weight)
+                corr = exp2(fx.Float32(st[M0 + m]) - mx)
                 l_next.append(fx.Float32(st[L0 + m]) * corr + p_sum)
                 if const_expr(per_token):
                     # sum P before P·V, else the 16 P values live through it next to the weights
-                    # (per tensor the compiler's order is no worse, and waits less)
                     fx.rocdl.sched_barrier(0)
-                f4 = splat4(corr * rv if const_expr(per_token) else corr)
+                p_all.append(p_ops)
+                corr_all.append(corr)
+                m_new.append(mx)
+            if const_expr(W > 0):
+                v_words = _zero_tail_v(v_words, ctx - tok, NCH)
+
+            # ---- phase B: every M-tile's P·V on V's registers (V as A, P as B: O is [d, row])
+            o_next = []
+            for m in range_constexpr(MT):
+                fx.rocdl.sched_barrier(0)
+                f4 = splat4(corr_all[m] * rv if const_expr(per_token) else corr_all[m])
                 for j in range_constexpr(NCH):
                     w = [fx.Int32(v_words[4 * j + k]) for k in range_constexpr(4)]
                     acc = fx.Vector(st[O0 + m * NCH + j]) * f4
-                    acc = mfma(i64(w[0], w[1]), p_ops[0], acc)
-                    acc = mfma(i64(w[2], w[3]), p_ops[1], acc)
+                    acc = mfma(i64(w[0], w[1]), p_all[m][0], acc)
+                    acc = mfma(i64(w[2], w[3]), p_all[m][1], acc)
                     if const_expr(per_token):
                         acc = acc * splat4(vmax)
                     o_next.append(acc)
             res = yield [k_page_next, v_page_next] + o_next + m_new + l_next
 
-        # ---- merge the four waves, one M-tile at a time through the same 8 KB
+        # ---- merge the four waves, one M-tile at a time, XS d-chunk slots per exchange round
         stats = fx.recast_iter(fx.Uint8, lds.stats.ptr)
-        xchg = fx.recast_iter(fx.Uint8, lds.xchg.ptr)
-        l_w = []
         for m in range_constexpr(MT):
             lw = fx.Float32(res[L0 + m])
             lw = lw + xor_lanes(lw, 16)
-            l_w.append(lw + xor_lanes(lw, 32))
+            lw = lw + xor_lanes(lw, 32)
             base = m * 2 * 16 * WAVES
             lds_store(stats, (base + col * WAVES + wave) * 4, fx.Vector.from_elements([fx.Float32(res[M0 + m])], dtype=fx.Float32))
-            lds_store(stats, (base + (16 + col) * WAVES + wave) * 4, fx.Vector.from_elements([l_w[m]], dtype=fx.Float32))
-        gpu.barrier()
+            lds_store(stats, (base + (16 + col) * WAVES + wave) * 4, fx.Vector.from_elements([lw], dtype=fx.Float32))
+        gpu.barrier()  # also: every wave is past its last read of the staged query
         if const_expr(NP == 1):
             o_rs = rsrc(out)
         else:
@@ -407,14 +447,15 @@ def build_launcher(arch, block_size, head_dim, group, query_length, q_dtype="f16
                 f = fx.Float32(select(total > 0.0, f, fx.Float32(0.0)))  # empty partition row: 0, not 0·inf
             o = [fx.Vector(res[O0 + m * NCH + j]) * splat4(f) for j in range_constexpr(NCH)]
             for rnd in range_constexpr(1, WAVES):
-                for s in range_constexpr(CPW):
-                    lds_store(xchg, ((wave * CPW + s) * WAVE + lane) * 16, o[CPW * rnd + s])
-                gpu.barrier()
-                src = (wave + (WAVES - rnd)) % WAVES
-                for s in range_constexpr(CPW):
-                    o[s] = o[s] + lds_load(xchg, ((src * CPW + s) * WAVE + lane) * 16, 4)
-                if const_expr(rnd < WAVES - 1 or m < MT - 1):
-                    gpu.barrier()  # the next round overwrites the slots just read
+                for b in range_constexpr(0, CPW, XS):
+                    for s in range_constexpr(b, b + XS):
+                        lds_store(shared, ((wave * XS + s - b) * WAVE + lane) * 16, o[CPW * rnd + s])
+                    gpu.barrier()
+                    src = (wave + (WAVES - rnd)) % WAVES
+                    for s in range_constexpr(b, b + XS):
+                        o[s] = o[s] + lds_load(shared, ((src * XS + s - b) * WAVE + lane) * 16, 4)
+                    if const_expr(rnd < WAVES - 1 or b + XS < CPW or m < MT - 1):
+                        gpu.barrier()  # the next round overwrites the slots just read
             r, qi, g = rows[m]
             if r < ROWS:
                 for s in range_constexpr(CPW):

@@ -27,7 +27,7 @@ from pa_tile.kernel_lib import LOG2E, TILE, buffer_load, buffer_store, exp2, fma
 from pa_tile.stages import s5_phase_split_mtp as s5
 
 __all__ = ["paged_decode", "launch_args", "build_reduce", "combine_torch", "choose_num_partitions",
-           "workspace_size", "carve", "make_workspace", "LIMITS", "MAX_PARTITIONS"]
+           "workspace_size", "carve", "make_workspace", "LIMITS", "MAX_PARTITIONS", "PARTIAL_BYTES_BUDGET"]
 
 #: the finished kernel supports what chapter 5's does; the split is what this chapter adds
 LIMITS = dataclasses.replace(s5.LIMITS, stage="s6")
@@ -37,6 +37,9 @@ MAX_PARTITIONS = LIMITS.max_partitions
 WORKGROUPS_PER_CU = 4
 #: a partition gets at least this many 256-token tiles (see ``choose_num_partitions``)
 MIN_TILES_PER_PARTITION = 2
+#: the partials a split writes and the reduce reads back may cost at most this fraction of the
+#: K and V bytes the call must read (see ``choose_num_partitions``)
+PARTIAL_BYTES_BUDGET = 0.03
 REDUCE_THREADS = 256
 
 
@@ -125,7 +128,8 @@ def choose_num_partitions(num_seqs, num_kv_heads, max_context, *, arch, head_dim
     """The split-K partition count for a problem shape (1 = no split, no reduce).
 
     Aims for ``WORKGROUPS_PER_CU × cu_count`` workgroups of the partial kernel while giving every
-    partition at least ``MIN_TILES_PER_PARTITION`` 256-token tiles, then rounds so the longest
+    partition at least ``MIN_TILES_PER_PARTITION`` 256-token tiles and keeping the partials'
+    bytes under ``PARTIAL_BYTES_BUDGET`` of the K/V bytes, then rounds so the longest
     sequence's tiles split evenly (no trailing empty partition). ``cu_count``: the device's
     (``pa_tile.backend.cu_count``); None takes the flagship part of ``arch`` (``pa_tile.arch``).
     """
@@ -136,7 +140,11 @@ def choose_num_partitions(num_seqs, num_kv_heads, max_context, *, arch, head_dim
     tiles = max(1, -(-max_context // TILE))
     want = -(-WORKGROUPS_PER_CU * cu_count // base)
     cap = max(1, tiles // MIN_TILES_PER_PARTITION)
-    parts = max(1, min(want, cap, MAX_PARTITIONS))
+    # each partition writes rows × (head_dim + 2) floats per KV head that the reduce reads back;
+    # the KV head's K and V are 2 × 256 × head_dim fp8 bytes per tile
+    rows = group * query_length
+    budget = int(PARTIAL_BYTES_BUDGET * tiles * 2 * TILE * head_dim // (rows * (head_dim + 2) * 4))
+    parts = max(1, min(want, cap, budget, MAX_PARTITIONS))
     per = -(-tiles // parts)
     return -(-tiles // per)
 
