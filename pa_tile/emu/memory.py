@@ -698,6 +698,17 @@ def bank_conflicts(addrs, mask, nbytes: int, *, arch: str = "gfx942", write: boo
 # --------------------------------------------------------------------------------------------
 
 
+def distinct_bytes(addrs, mask, nbytes: int) -> int:
+    """Bytes in the union of the active lanes' ``[addr, addr + nbytes)``: what one wave instruction
+    asks the memory system for (lanes reading the same bytes, e.g. a wave-uniform page id, are
+    one request, as the texture unit merges them)."""
+    lanes = np.flatnonzero(_as_mask(mask))
+    if lanes.size == 0:
+        return 0
+    a = np.sort(np.asarray(addrs, dtype=np.int64)[lanes])
+    return int(nbytes + np.minimum(np.diff(a), nbytes).sum())
+
+
 def coalescing_segments(addrs, mask, nbytes: int) -> int:
     """Distinct 64-byte segments touched by the active lanes."""
     lanes = np.flatnonzero(_as_mask(mask))
@@ -783,7 +794,8 @@ class Trace:
         mask = _as_mask(mask)
         lanes = int(mask.sum())
         segs = coalescing_segments(addrs, mask, nbytes) if lanes else 0
-        self.global_records.append((self.seq, wave, mnemonic, line, kind, write, lanes, nbytes, segs))
+        distinct = distinct_bytes(addrs, mask, nbytes) if lanes else 0
+        self.global_records.append((self.seq, wave, mnemonic, line, kind, write, lanes, nbytes, segs, distinct))
 
     def scalar_access(self, mnemonic: str, line, addr: int, nbytes: int, *, wave=None) -> None:
         """One scalar memory load: ``nbytes`` from one address for the whole wave."""
@@ -844,10 +856,11 @@ class Trace:
         """Every recorded vector memory access (global, buffer, LDS) as a dict, in execution
         order. Scalar loads are in :meth:`scalar_accesses`."""
         rows = []
-        for seq, wave, m, line, kind, write, lanes, nb, segs in self.global_records:
+        for seq, wave, m, line, kind, write, lanes, nb, segs, distinct in self.global_records:
             if self._inside(seq, start, stop):
                 rows.append(dict(seq=seq, wave=wave, mnemonic=m, line=line, space=kind, write=write,
-                                 lanes=lanes, bytes_per_lane=nb, bytes=lanes * nb, segments=segs,
+                                 lanes=lanes, bytes_per_lane=nb, bytes=lanes * nb, distinct_bytes=distinct,
+                                 segments=segs,
                                  min_segments=-(-lanes * nb // SEGMENT)))
         for seq, wave, m, line, write, lanes, nb, degree, cycles in self.lds_records:
             if self._inside(seq, start, stop):
@@ -866,8 +879,9 @@ class Trace:
     def summary(self, start: int | None = None, stop: int | None = None) -> list[dict]:
         """Per-instruction aggregates keyed by ``(mnemonic, line)``, sorted by line.
 
-        Global/buffer rows: executions, active lanes (mean), bytes, segments, min_segments and
-        ``efficiency = min_segments / segments``. LDS rows: executions, bytes, max/mean conflict
+        Global/buffer rows: executions, active lanes (mean), bytes (active lanes x width),
+        distinct_bytes (per execution, lanes reading the same bytes counted once), segments,
+        min_segments and ``efficiency = min_segments / segments``. LDS rows: executions, bytes, max/mean conflict
         degree and total conflict cycles. Scalar rows (``space="scalar"``): executions and bytes
         only, since one scalar load is not a coalescing event.
         """
@@ -881,7 +895,7 @@ class Trace:
                 if r["space"] == "lds":
                     a.update(max_degree=0, degree_sum=0, conflict_cycles=0)
                 elif r["space"] != "scalar":
-                    a.update(segments=0, min_segments=0)
+                    a.update(segments=0, min_segments=0, distinct_bytes=0)
             a["executions"] += 1
             a["lanes"] += r.get("lanes", 0)
             a["bytes"] += r["bytes"]
@@ -894,6 +908,7 @@ class Trace:
             else:
                 a["segments"] += r["segments"]
                 a["min_segments"] += r["min_segments"]
+                a["distinct_bytes"] += r["distinct_bytes"]
         out = []
         for a in agg.values():
             n = a["executions"]

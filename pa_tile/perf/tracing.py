@@ -45,12 +45,20 @@ class TraceReport:
         return self.dynamic_instructions / self.tiles if self.tiles else None
 
     def traffic(self) -> Optional[Dict]:
-        """Global bytes loaded (vector + scalar) against the compulsory bytes of the call's shape."""
+        """Global bytes loaded against the compulsory bytes of the call's shape.
+
+        ``loaded_bytes``: what the wave instructions ask the memory system for, vector loads
+        counted per execution as the distinct bytes their lanes read (64 lanes loading one page
+        id are one 4-byte request) plus scalar loads; ``lane_bytes`` counts every lane's bytes
+        (a broadcast load 64 times). Both count a byte again each time another instruction,
+        wave or workgroup loads it: re-reading K/V shows in both."""
         if self.shape is None:
             return None
-        loaded = sum(r["bytes"] for r in self.vmem if r["op"] == "load") + self.scalar_load_bytes
+        loads = [r for r in self.vmem if r["op"] == "load"]
+        loaded = sum(r["distinct_bytes"] for r in loads) + self.scalar_load_bytes
+        lane_bytes = sum(r["bytes"] for r in loads) + self.scalar_load_bytes
         need, visible = compulsory_bytes(self.shape), compulsory_bytes(self.shape, visible_only=True)
-        return dict(loaded_bytes=loaded, compulsory_bytes=need, visible_bytes=visible,
+        return dict(loaded_bytes=loaded, lane_bytes=lane_bytes, compulsory_bytes=need, visible_bytes=visible,
                     vs_compulsory=loaded / need, vs_visible=loaded / visible)
 
     def totals(self) -> Dict:
@@ -103,9 +111,9 @@ class TraceReport:
                 f"efficiency {t['load_efficiency']:.2f}; LDS conflict cycles {t['lds_conflict_cycles']}"]
         tr = self.traffic()
         if tr is not None:
-            out.append(f"traffic: {tr['loaded_bytes']} B loaded (vector + scalar) = {tr['vs_compulsory']:.2f}x the "
-                       f"compulsory {tr['compulsory_bytes']} B ({tr['vs_visible']:.2f}x the visible tokens' "
-                       f"{tr['visible_bytes']} B)")
+            out.append(f"traffic: {tr['loaded_bytes']} B loaded (distinct bytes per instruction, vector + scalar) = "
+                       f"{tr['vs_compulsory']:.2f}x the compulsory {tr['compulsory_bytes']} B ({tr['vs_visible']:.2f}x "
+                       f"the visible tokens' {tr['visible_bytes']} B; {tr['lane_bytes']} B counting every lane)")
         if self.tiles:
             out.append(f"instructions per {TILE_TOKENS}-token tile: {self.instructions_per_tile:.1f} "
                        f"({self.tiles} (sequence, KV head, tile) triples)")
@@ -146,7 +154,8 @@ def report_from_trace(trace, kernel: str, *, shape: Optional[DecodeShape] = None
         n = r["executions"]
         if r["space"] in ("global", "buffer"):
             vmem.append(dict(mnemonic=r["mnemonic"], line=r["line"], space=r["space"], op=_op(r["mnemonic"]),
-                             executions=n, bytes=r["bytes"], segments=r["segments"], min_segments=r["min_segments"],
+                             executions=n, bytes=r["bytes"], distinct_bytes=r["distinct_bytes"],
+                             segments=r["segments"], min_segments=r["min_segments"],
                              bytes_per_exec=r["bytes"] / n, segments_per_exec=r["segments"] / n,
                              min_segments_per_exec=r["min_segments"] / n, efficiency=r["efficiency"]))
         elif r["space"] == "lds":
