@@ -1,8 +1,12 @@
 """The recorded resource figures of upstream FlyDSL's ``pa_decode_tile``, from one file.
 
-``pa_tile/data/upstream_pa_decode_tile_isa.md`` is the only copy of the figures (its prose says
+``pa_tile/data/upstream_pa_decode_tile_isa.md`` is the only copy of the figures (its header says
 how they were measured); tests and notebooks compare against them through this module, so a
-correction lands everywhere at once.
+correction lands everywhere at once. ``scripts/record_upstream_isa.py`` writes that file: it
+compiles upstream's kernel at one commit with the installed flydsl and reads the figures with
+``pa_tile.isa``. The header's provenance is exposed as ``UPSTREAM_COMMIT`` (full hash of the
+ROCm/FlyDSL commit) and ``FLYDSL_VERSION`` (the flydsl that compiled every row), also as
+``provenance()``.
 
 ``tile_isa_figures()`` returns every row of its table as a dict keyed by the table's column
 names (``arch``, ``block``, ``head_dim``, ``query_len``, ``group``, ``scales``, ``vgpr``, ``agpr``,
@@ -13,6 +17,7 @@ names (``arch``, ``block``, ``head_dim``, ``query_len``, ``group``, ``scales``, 
 from __future__ import annotations
 
 import functools
+import re
 from pathlib import Path
 
 TABLE_PATH = Path(__file__).resolve().parent / "data" / "upstream_pa_decode_tile_isa.md"
@@ -21,6 +26,8 @@ COLUMNS = ("arch", "block", "head_dim", "query_len", "group", "scales",
            "vgpr", "agpr", "lds", "instr", "gx4", "ds", "bar", "mfma", "occ")
 SCALES = ("per-tensor", "per-token")
 _TEXT_COLUMNS = ("arch", "scales")
+_PROVENANCE = {"commit": re.compile(r"^- upstream commit: `([0-9a-f]{40})`", re.M),
+               "flydsl": re.compile(r"^- flydsl version: `([^`\s]+)`", re.M)}
 
 
 def _cells(line: str) -> list[str]:
@@ -61,6 +68,18 @@ def _parse(text: str, source: str) -> tuple[dict, ...]:
     return tuple(rows)
 
 
+def _provenance(text: str, source: str) -> dict:
+    """{"commit": full upstream hash, "flydsl": version} from the header lines the recorder writes."""
+    head = text.split("\n|", 1)[0]  # the prose above the table
+    out = {}
+    for name, pattern in _PROVENANCE.items():
+        found = pattern.findall(head)
+        if len(found) != 1:
+            raise ValueError(f"{source}: expected one header line matching {pattern.pattern!r}, found {len(found)}")
+        out[name] = found[0]
+    return out
+
+
 def _key(row: dict) -> tuple:
     return (row["arch"], row["block"], row["head_dim"], row["query_len"], row["group"], row["per_token"])
 
@@ -68,6 +87,23 @@ def _key(row: dict) -> tuple:
 @functools.lru_cache(maxsize=None)
 def _rows() -> tuple[dict, ...]:
     return _parse(TABLE_PATH.read_text(), TABLE_PATH.name)
+
+
+@functools.lru_cache(maxsize=None)
+def provenance() -> dict:
+    """The table's provenance: ``{"commit": full ROCm/FlyDSL hash, "flydsl": version}``."""
+    return _provenance(TABLE_PATH.read_text(), TABLE_PATH.name)
+
+
+_CONSTANTS = {"UPSTREAM_COMMIT": "commit", "FLYDSL_VERSION": "flydsl"}
+
+
+def __getattr__(name: str):
+    # UPSTREAM_COMMIT / FLYDSL_VERSION: read from the header on first use, like the rows, so
+    # importing this module never reads (or fails on) the file
+    if name in _CONSTANTS:
+        return provenance()[_CONSTANTS[name]]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def tile_isa_figures() -> list[dict]:
