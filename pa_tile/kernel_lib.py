@@ -48,8 +48,14 @@ def ir_value(x):
 
 
 def rsrc(tensor):
-    """Buffer resource (V#) over a tensor: base address and size in four SGPRs."""
-    return fx.rocdl.get_buffer_rsrc(fx.get_iter(fx.rocdl.make_buffer_tensor(tensor)))
+    """Buffer resource (V#) over a tensor: base address and size in four SGPRs.
+
+    The size is the tensor's own footprint (``cosize(layout)`` bytes, computed on the device from
+    its runtime shape and strides), not the 4 GiB maximum: the hardware returns 0 for a load past
+    it and drops a store, so an offset gone wrong (a bad page id in the block table, which the
+    per-call path does not read on a GPU) stays inside the tensor instead of reading or writing
+    someone else's memory."""
+    return fx.rocdl.get_buffer_rsrc(fx.get_iter(fx.rocdl.make_buffer_tensor(tensor, max_size=False)))
 
 
 def buffer_load(resource, voffset, dwords, soffset=0, offset=0):

@@ -185,6 +185,26 @@ def test_python_float_scales_and_softmax_scale(device):
 # ---------------------------------------------------------------------------- real GPU: graph capture
 
 
+@pytest.mark.skipif(backend.current_backend() != "emu", reason="the sanitizer that proves it is the emulator's")
+@pytest.mark.parametrize("num_partitions", [1, 2])
+def test_a_bad_page_id_unchecked_reads_zeros_inside_the_cache(num_partitions):
+    """On a GPU ``run`` does not read the block table (no host sync), so a page id past the cache
+    (or negative) reaches the kernel. Its buffer descriptors span each tensor's own bytes, so such
+    a load returns zeros; with 4 GiB descriptors it read other memory (the emulator's sanitizer
+    faulted on it). The output stays finite."""
+    case = cache.make_case(2, 8, 1, 128, 16, [300, 40], fp8_format="fnuz", seed=3)
+    k, v = case.k_blocked(), case.v_trans_blocked()
+    bt = case.block_tables.clone()
+    bt[0, 3] = k.shape[0] + 100000
+    bt[1, 1] = -7
+    pl = pa_tile.plan(case.query, k, v, bt, case.context_lengths, case.k_scale, case.v_scale, arch="gfx942",
+                      num_partitions=num_partitions, check_values=False)
+    out = pl.run(case.query, k, v)
+    assert torch.isfinite(out).all() and out.shape == case.query.shape
+    with pytest.raises(ValueError, match="block_tables"):  # checked where reading values is free
+        pa_tile.plan(case.query, k, v, bt, case.context_lengths, case.k_scale, case.v_scale, arch="gfx942")
+
+
 @pytest.mark.rocm
 @pytest.mark.skipif(not backend.gpu_available(), reason="needs a ROCm GPU")
 def test_gpu_graph_capture_and_replay():
