@@ -34,7 +34,7 @@
 #    reads each K and V byte **once** for all of them, and the query is loaded once per workgroup;
 # 3. the layouts and options of chapters 3–4: blocked K `[blocks, kv_heads, head_dim/16, block, 16]`,
 #    trans-blocked V `[blocks, kv_heads, block/16, head_dim, 16]` (plain V still accepted),
-#    head_dim 64, 128 or 256 (256 goes beyond upstream), f16 or bf16 query (strided rows and heads) with output in the query
+#    head_dim 64, 128 or 256, f16 or bf16 query (strided rows and heads) with output in the query
 #    dtype, per-tensor or **per-token** K/V scales;
 # 4. a `num_partitions` switch (grid z) that chapter 6 uses for split-K; here we only check
 #    the partial results it writes.
@@ -69,9 +69,11 @@ scores ``D[token, row] = K·Qᵀ``, P·V with V as A and P as B so the output fr
 
 * query_length 1..4 and query-group sizes 1..32: the ``query_length·group`` query rows of a
   (sequence, KV head) are flattened (MTP position outer, head inner) and tiled into 16-row
-  M-tiles; a workgroup runs ``m_tiles`` of them (grid y = KV heads x M-groups); the last
-  ``query_length`` positions are causally masked, with an optional sliding window;
-* the phase split: every M-tile's scores and row max first, then every M-tile's exp/pack/P·V;
+  M-tiles; a workgroup runs up to ``m_tiles`` of them (default ``DEFAULT_M_TILES``; grid y = KV
+  heads x M-groups) and loads the query once, staged in LDS; the last ``query_length``
+  positions are causally masked, with an optional sliding window;
+* the phase split: on K's registers each M-tile's scores, row max and fp8 P in turn, then on V's
+  every M-tile's P·V, so K and V are read once for all of a workgroup's M-tiles;
 * blocked K ``[nb, kvh, head_dim//16, block, 16]``, trans-blocked V ``[nb, kvh, block//16,
   head_dim, 16]`` (or plain V ``[nb, kvh, head_dim, block]``), head_dim 64/128/256, f16/bf16
   query (any row/head strides, unit channel stride), output in the query dtype;
@@ -100,7 +102,7 @@ from pa_tile.kernel_lib import (
 __all__ = ["paged_decode", "paged_decode_partials", "build_launcher", "launch_args", "kernel_args", "plan",
            "LIMITS", "K_LAYOUT", "V_LAYOUT", "DEFAULT_M_TILES", "exchange_slots"]
 
-#: what the stage-5 kernel supports; head_dim 256 goes beyond the upstream tile kernel (64, 128)
+#: what the stage-5 kernel supports (upstream's tile kernel takes head_dim 64, 128 and 256 too)
 LIMITS = problem.Limits(stage="s5", head_dims=(64, 128, 256), block_sizes=(16, 64), groups=None, max_group=32,
                         max_query_length=4, query_dtypes=(torch.float16, torch.bfloat16), k_layouts=("blocked",),
                         v_layouts=("trans_blocked", "plain"), per_token_scales=True, strided_query=True,
@@ -330,6 +332,154 @@ def _exp_pack(s, c, m_new, log2_fp8_max, v_weight):
     return [i64(words[0], words[1]), i64(words[2], words[3])], total
 
 # %% [markdown]
+# ## The pieces of a tile
+#
+# Straight-line helpers the kernel below calls (FlyDSL inlines them: the code is the same as if they
+# were written in place). First, where a wave's K, V, scales and page ids are: chapter 4's blocked
+# layouts, with the page of a lane picked from the wave's 64-token span.
+
+# %% tags=["export"]
+class _Pages:
+    """Addressing of one (sequence, KV head)'s pages for this lane: page ids of a tile, and the
+    K words, V words and per-token scale a lane loads from a page (chapter 4's layouts)."""
+
+    def __init__(self, bt_rs, k_rs, v_rs, bt_row, last_page, kvh, num_kv_heads, wave, lane, col, grp, *,
+                 block_size, head_dim, trans_v):
+        self.bt_rs, self.k_rs, self.v_rs, self.bt_row, self.last_page = bt_rs, k_rs, v_rs, bt_row, last_page
+        self.kvh, self.num_kv_heads, self.wave = kvh, num_kv_heads, wave
+        self.bs, self.nh, self.nch = block_size, head_dim // 64, head_dim // 16
+        self.pps = SPAN // block_size  # pages per wave span: 4 (block 16) or 1 (block 64)
+        self.page_bytes = block_size * head_dim
+        bs = block_size
+        if self.pps > 1:
+            self.k_lane = (col % 4) * 16 + grp * (bs * 16)  # page col // 4 of the span, K rows col%4 + 4a
+            self.v_lane = col * 16  # page grp of the span (trans-blocked and plain agree for block 16)
+        else:
+            self.k_lane = ((col // 4) * 16 + col % 4) * 16 + grp * (bs * 16)
+            self.v_lane = grp * (head_dim * 16) + col * 16 if trans_v else col * bs + grp * 16
+        self.s_tok = col if self.pps > 1 else lane  # this lane's token of the wave's 64, on its V page
+        v_chunk = 16 * (16 if trans_v or bs == 16 else bs)  # bytes between d-chunks of a V page
+        cpw = self.nch // WAVES
+        self.chunk_off = [((j + cpw * wave) % self.nch) * v_chunk for j in range_constexpr(self.nch)]
+        self.k_j = col // 4 if self.pps > 1 else 0  # which page of the span holds the lane's K, V
+        self.v_j = grp if self.pps > 1 else 0
+
+    def page_id(self, tile, j):
+        idx = imin(tile * (TILE // self.bs) + self.wave * self.pps + j, self.last_page)
+        return buffer_load(self.bt_rs, (self.bt_row + idx) * 4, 1)
+
+    def _slab(self, page):
+        return (page * self.num_kv_heads + self.kvh) * self.page_bytes
+
+    def k(self, page):
+        voff = self._slab(page) + self.k_lane
+        words = []
+        for a in range_constexpr(4):
+            for h in range_constexpr(self.nh):
+                v = buffer_load(self.k_rs, voff, 4, offset=a * 64 + h * (4 * self.bs * 16))
+                words.extend([v[i] for i in range_constexpr(4)])
+        return fx.Vector.from_elements(words, dtype=fx.Int32)
+
+    def v(self, page):
+        voff = self._slab(page) + self.v_lane
+        words = []
+        for j in range_constexpr(self.nch):
+            v = buffer_load(self.v_rs, voff, 4, soffset=self.chunk_off[j])
+            words.extend([v[k] for k in range_constexpr(4)])
+        return fx.Vector.from_elements(words, dtype=fx.Int32)
+
+    def scale(self, rs, page):
+        return buffer_load(rs, ((page * self.num_kv_heads + self.kvh) * self.bs + self.s_tok) * 4, 1).bitcast(fx.Float32)
+
+# %% [markdown]
+# The staged query: M-tile `m`'s operands at `[m][K chunk pair][lane]` (16 bytes each, so every
+# `ds_read_b128` is lane-contiguous and conflict free), then its rows' scales at `[m][lane]`. And
+# the two MFMA chains of a tile: one M-tile's 16 scores on K, and its P·V on V.
+
+# %% tags=["export"]
+def _stage_q(shared, m, lane, ops, q_scale, nh, scales_at):
+    for k in range_constexpr(nh):
+        pair = fx.Vector.from_elements([ops[2 * k], ops[2 * k + 1]], dtype=fx.Int64)
+        lds_store(shared, ((m * nh + k) * WAVE + lane) * 16, pair.bitcast(fx.Float32))
+    lds_store(shared, scales_at + (m * WAVE + lane) * 4, fx.Vector.from_elements([q_scale], dtype=fx.Float32))
+
+
+def _staged_q(shared, m, lane, nh):
+    ops = []
+    for k in range_constexpr(nh):
+        pair = lds_load(shared, ((m * nh + k) * WAVE + lane) * 16, 4).bitcast(fx.Int64)
+        ops.extend([pair[0], pair[1]])
+    return ops
+
+
+def _staged_q_scale(shared, m, lane, scales_at):
+    return fx.Float32(lds_load(shared, scales_at + (m * WAVE + lane) * 4, 1)[0])
+
+
+def _scores(k_words, q_ops, nh):
+    """The lane's 16 scores of one M-tile: lane-tokens 4a + i of its row."""
+    s = []
+    for a in range_constexpr(4):
+        acc = fx.Vector.filled(4, 0.0, fx.Float32)
+        for h in range_constexpr(nh):
+            for half in range_constexpr(2):
+                w0 = (a * nh + h) * 4 + 2 * half
+                acc = mfma(i64(k_words[w0], k_words[w0 + 1]), q_ops[2 * h + half], acc)
+        s.extend([fx.Float32(acc[i]) for i in range_constexpr(4)])
+    return s
+
+
+def _pv(o, v_words, p_ops, f4, vmax=None):
+    """One M-tile's P·V: d-chunk accumulators ``o[j]`` rescaled by ``f4``, plus V chunk j · P (times
+    the wave's V-scale max ``vmax`` with per-token scales)."""
+    out = []
+    for j in range_constexpr(len(o)):
+        w = [fx.Int32(v_words[4 * j + k]) for k in range_constexpr(4)]
+        acc = fx.Vector(o[j]) * f4
+        acc = mfma(i64(w[0], w[1]), p_ops[0], acc)
+        acc = mfma(i64(w[2], w[3]), p_ops[1], acc)
+        if const_expr(vmax is not None):
+            acc = acc * splat4(vmax)
+        out.append(acc)
+    return out
+
+# %% [markdown]
+# Per-token V weights (the wave's V-scale max over the tokens some row can see, see "The phase
+# split"), and the merge's exchange: `WAVES - 1` rounds, each sending `slots` of the d-chunks this
+# wave does not keep and adding the ones it receives.
+
+# %% tags=["export"]
+def _v_weights(v_sc1, live):
+    """``(v_sc1, vmax, 1/vmax)``: this lane's V scale (0 for a token no row sees) and the wave's max."""
+    v_sc1 = fx.Float32(select(live, v_sc1, fx.Float32(0.0)))
+    vmax = v_sc1
+    for k in (1, 2, 4, 8, 16, 32):
+        vmax = fmax(vmax, xor_lanes(vmax, k))
+    # a wave with no live token (or only ~0 scales) gets 1, not rcp(tiny): O is rescaled by
+    # rv·vmax every tile and O·1e30 could overflow
+    vmax = fx.Float32(select(vmax > 1e-30, vmax, fx.Float32(1.0)))
+    return v_sc1, vmax, rcp(vmax)
+
+
+def _exchange(shared, o, wave, lane, slots, more_after):
+    """The four-wave sum of ``o`` (this wave's d-chunk accumulators): returns the ``len(o) / WAVES``
+    chunks this wave keeps, ``WAVES·WAVE·16·slots`` bytes of ``shared`` per round. ``more_after``:
+    another exchange follows (keep the final barrier)."""
+    cpw = len(o) // WAVES
+    o = list(o)
+    for rnd in range_constexpr(1, WAVES):
+        src = (wave + (WAVES - rnd)) % WAVES
+        for b in range_constexpr(0, cpw, slots):
+            for s in range_constexpr(b, b + slots):
+                lds_store(shared, ((wave * slots + s - b) * WAVE + lane) * 16, o[cpw * rnd + s])
+            gpu.barrier()
+            for s in range_constexpr(b, b + slots):
+                o[s] = o[s] + lds_load(shared, ((src * slots + s - b) * WAVE + lane) * 16, 4)
+            if const_expr(rnd < WAVES - 1 or b + slots < cpw or more_after):
+                gpu.barrier()  # the next round overwrites the slots just read
+    return o[:cpw]
+
+# %% [markdown]
 # ## The kernel
 #
 # Grid `(num_seqs, kv_heads · m_groups, num_partitions)`, 256 threads. Prologue: the query staged
@@ -385,9 +535,6 @@ def build_launcher(arch, block_size, head_dim, group, query_length, q_dtype="f16
     CPW = NCH // WAVES  # d-chunks each wave owns after the merge
     XS, SHARED_BYTES = exchange_slots(HD, MT)
     Q_SCALES = MT * NH * WAVE * 16  # byte offset of the staged query scales
-    PAGE_BYTES = BS * HD
-    PPS = SPAN // BS  # pages per wave span: 4 (block 16) or 1 (block 64)
-    V_CHUNK = 16 * (16 if trans_v or BS == 16 else BS)  # bytes between d-chunks of a V page
     SC_FLOATS = WAVES * 2 * WAVE if per_token else 4  # [wave][K scale | V weight][token]
 
     @fx.struct
@@ -439,23 +586,12 @@ def build_launcher(arch, block_size, head_dim, group, query_length, q_dtype="f16
                 r, qi, g = rows[m]
                 row_elem = (seq * QL + qi) * q_stride_row + (kvh * G + g) * q_stride_head
                 ops, q_scale = _query_operands(q_rs, row_elem, r < ROWS, FMAX, grp, HD, QDT)
-                for k in range_constexpr(NH):
-                    pair = fx.Vector.from_elements([ops[2 * k], ops[2 * k + 1]], dtype=fx.Int64)
-                    lds_store(shared, ((m * NH + k) * WAVE + lane) * 16, pair.bitcast(fx.Float32))
-                lds_store(shared, Q_SCALES + (m * WAVE + lane) * 4,
-                          fx.Vector.from_elements([q_scale], dtype=fx.Float32))
+                _stage_q(shared, m, lane, ops, q_scale, NH, Q_SCALES)
         gpu.barrier()
         c_qk = []
         for m in range_constexpr(MT):
-            q_scale = fx.Float32(lds_load(shared, Q_SCALES + (m * WAVE + lane) * 4, 1)[0])
+            q_scale = _staged_q_scale(shared, m, lane, Q_SCALES)
             c_qk.append(q_scale * scale_log2 if const_expr(per_token) else q_scale * k_scale * scale_log2)
-
-        def q_operands(m):
-            ops = []
-            for k in range_constexpr(NH):
-                pair = lds_load(shared, ((m * NH + k) * WAVE + lane) * 16, 4).bitcast(fx.Int64)
-                ops.extend([pair[0], pair[1]])
-            return ops
 
         # Causal bound of each row: query qi sits at ctx - QL + qi and sees tokens <= it
         # (and, with a window, > it - W). As lane-token counts: n_hi = hi1 - (lane's first token).
@@ -473,56 +609,8 @@ def build_launcher(arch, block_size, head_dim, group, query_length, q_dtype="f16
             t_end = imin(part * tpp + tpp, num_tiles)
         else:
             t_start, t_end = fx.Int32(first), num_tiles
-        bt_row = seq * max_blocks
-        if const_expr(PPS > 1):
-            k_lane = (col % 4) * 16 + grp * (BS * 16)  # page col // 4 of the span, K rows col%4 + 4a
-            v_lane = col * 16  # page grp of the span (trans-blocked and plain agree for block 16)
-        else:
-            k_lane = ((col // 4) * 16 + col % 4) * 16 + grp * (BS * 16)
-            v_lane = grp * (HD * 16) + col * 16 if const_expr(trans_v) else col * BS + grp * 16
-        s_tok = col if const_expr(PPS > 1) else lane  # this lane's token of the wave's 64, on its V page
-        chunk_off = [((j + CPW * wave) % NCH) * V_CHUNK for j in range_constexpr(NCH)]
-        k_page_j = col // 4 if const_expr(PPS > 1) else 0
-        v_page_j = grp if const_expr(PPS > 1) else 0
-
-        def page_id(tile, j):
-            idx = imin(tile * (TILE // BS) + wave * PPS + j, last_page)
-            return buffer_load(bt_rs, (bt_row + idx) * 4, 1)
-
-        def slab(page):
-            return (page * num_kv_heads + kvh) * PAGE_BYTES
-
-        def load_k(page):
-            voff = slab(page) + k_lane
-            words = []
-            for a in range_constexpr(4):
-                for h in range_constexpr(NH):
-                    v = buffer_load(k_rs, voff, 4, offset=a * 64 + h * (4 * BS * 16))
-                    words.extend([v[i] for i in range_constexpr(4)])
-            return fx.Vector.from_elements(words, dtype=fx.Int32)
-
-        def load_v(page):
-            voff = slab(page) + v_lane
-            words = []
-            for j in range_constexpr(NCH):
-                v = buffer_load(v_rs, voff, 4, soffset=chunk_off[j])
-                words.extend([v[k] for k in range_constexpr(4)])
-            return fx.Vector.from_elements(words, dtype=fx.Int32)
-
-        def load_scale(rs, page):
-            return buffer_load(rs, ((page * num_kv_heads + kvh) * BS + s_tok) * 4, 1).bitcast(fx.Float32)
-
-        def scores(k_words, q_ops):
-            """The lane's 16 scores of one M-tile: lane-tokens 4a + i of its row."""
-            s = []
-            for a in range_constexpr(4):
-                acc = fx.Vector.filled(4, 0.0, fx.Float32)
-                for h in range_constexpr(NH):
-                    for half in range_constexpr(2):
-                        w0 = (a * NH + h) * 4 + 2 * half
-                        acc = mfma(i64(k_words[w0], k_words[w0 + 1]), q_ops[2 * h + half], acc)
-                s.extend([fx.Float32(acc[i]) for i in range_constexpr(4)])
-            return s
+        pages = _Pages(bt_rs, k_rs, v_rs, seq * max_blocks, last_page, kvh, num_kv_heads, wave, lane, col, grp,
+                       block_size=BS, head_dim=HD, trans_v=trans_v)
 
         if const_expr(per_token):
             ks_rs, vs_rs = rsrc(key_scale), rsrc(value_scale)
@@ -535,18 +623,18 @@ def build_launcher(arch, block_size, head_dim, group, query_length, q_dtype="f16
                 return lds_load(sc_lds, base + grp * 64 + 16 * q, 4)
 
         zero4 = fx.Vector.filled(4, 0.0, fx.Float32)
-        state = [page_id(t_start, k_page_j), page_id(t_start, v_page_j)]
+        state = [pages.page_id(t_start, pages.k_j), pages.page_id(t_start, pages.v_j)]
         state += [zero4] * (MT * NCH) + [fx.Float32(MASKED)] * MT + [fx.Float32(0.0)] * MT
         O0, M0, L0 = 2, 2 + MT * NCH, 2 + MT * NCH + MT
         for t, st in range(t_start, t_end, 1, init=state):
             t = fx.Int32(t)
             k_page, v_page = st[0], st[1]
             if const_expr(per_token):
-                k_sc1 = load_scale(ks_rs, v_page)  # issued first: the oldest loads, waited for first
-                v_sc1 = load_scale(vs_rs, v_page)
-            k_words = load_k(k_page)
-            k_page_next = page_id(t + 1, k_page_j)
-            v_page_next = page_id(t + 1, v_page_j)
+                k_sc1 = pages.scale(ks_rs, v_page)  # issued first: the oldest loads, waited for first
+                v_sc1 = pages.scale(vs_rs, v_page)
+            k_words = pages.k(k_page)
+            k_page_next = pages.page_id(t + 1, pages.k_j)
+            v_page_next = pages.page_id(t + 1, pages.v_j)
             fx.rocdl.sched_barrier(0)  # K (and scales, page ids) ahead of phase A
             tok = t * TILE + wave * SPAN + grp * 16  # the lane's first token
 
@@ -557,10 +645,10 @@ def build_launcher(arch, block_size, head_dim, group, query_length, q_dtype="f16
             v_words = k_words  # a stand-in of the same type until V is issued (the mask branch yields it)
             for m in range_constexpr(MT):
                 fx.rocdl.sched_barrier(0)  # one M-tile at a time: interleaved, their temporaries add up
-                s = scores(k_words, q_operands(m))
+                s = _scores(k_words, _staged_q(shared, m, lane, NH), NH)
                 if const_expr(m == MT - 1):
                     fx.rocdl.sched_barrier(0)
-                    v_words = load_v(v_page)
+                    v_words = pages.v(v_page)
                 if const_expr(per_token and m == 0):
                     # one scale per lane -> LDS; the lane's 16 come back as 4 broadcast reads. Only
                     # this wave touches its slots, so no barrier (the wave's LDS ops stay in order).
@@ -572,15 +660,7 @@ def build_launcher(arch, block_size, head_dim, group, query_length, q_dtype="f16
                     live = lane < ctx - span0
                     if const_expr(W > 0):
                         live = live & (lane >= ctx - (QL - 1) - W - span0)
-                    v_sc1 = fx.Float32(select(live, v_sc1, fx.Float32(0.0)))
-                    vmax = v_sc1
-                    for k in (1, 2, 4, 8, 16, 32):
-                        vmax = fmax(vmax, xor_lanes(vmax, k))
-                    # one factor for all 64 tokens of the wave; a wave with no live token (or only
-                    # ~0 scales) gets 1, not rcp(tiny): O is rescaled by rv·vmax every tile and
-                    # O·1e30 could overflow
-                    vmax = fx.Float32(select(vmax > 1e-30, vmax, fx.Float32(1.0)))
-                    rv = rcp(vmax)
+                    v_sc1, vmax, rv = _v_weights(v_sc1, live)  # one factor for all 64 tokens of the wave
                     lds_store(sc_lds, sc_k + lane * 4, fx.Vector.from_elements([k_sc1], dtype=fx.Float32))
                     lds_store(sc_lds, sc_v + lane * 4, fx.Vector.from_elements([v_sc1 * rv], dtype=fx.Float32))
                 if const_expr(per_token):
@@ -616,14 +696,8 @@ def build_launcher(arch, block_size, head_dim, group, query_length, q_dtype="f16
             for m in range_constexpr(MT):
                 fx.rocdl.sched_barrier(0)
                 f4 = splat4(corr_all[m] * rv if const_expr(per_token) else corr_all[m])
-                for j in range_constexpr(NCH):
-                    w = [fx.Int32(v_words[4 * j + k]) for k in range_constexpr(4)]
-                    acc = fx.Vector(st[O0 + m * NCH + j]) * f4
-                    acc = mfma(i64(w[0], w[1]), p_all[m][0], acc)
-                    acc = mfma(i64(w[2], w[3]), p_all[m][1], acc)
-                    if const_expr(per_token):
-                        acc = acc * splat4(vmax)
-                    o_next.append(acc)
+                o_next += _pv([st[O0 + m * NCH + j] for j in range_constexpr(NCH)], v_words, p_all[m], f4,
+                              vmax if const_expr(per_token) else None)
             res = yield [k_page_next, v_page_next] + o_next + m_new + l_next
 
         # ---- merge the four waves, one M-tile at a time, XS d-chunk slots per exchange round
@@ -654,16 +728,7 @@ def build_launcher(arch, block_size, head_dim, group, query_length, q_dtype="f16
             if const_expr(NP > 1):
                 f = fx.Float32(select(total > 0.0, f, fx.Float32(0.0)))  # empty partition row: 0, not 0·inf
             o = [fx.Vector(res[O0 + m * NCH + j]) * splat4(f) for j in range_constexpr(NCH)]
-            for rnd in range_constexpr(1, WAVES):
-                for b in range_constexpr(0, CPW, XS):
-                    for s in range_constexpr(b, b + XS):
-                        lds_store(shared, ((wave * XS + s - b) * WAVE + lane) * 16, o[CPW * rnd + s])
-                    gpu.barrier()
-                    src = (wave + (WAVES - rnd)) % WAVES
-                    for s in range_constexpr(b, b + XS):
-                        o[s] = o[s] + lds_load(shared, ((src * XS + s - b) * WAVE + lane) * 16, 4)
-                    if const_expr(rnd < WAVES - 1 or b + XS < CPW or m < MT - 1):
-                        gpu.barrier()  # the next round overwrites the slots just read
+            o = _exchange(shared, o, wave, lane, XS, m < MT - 1)
             r, qi, g = rows[m]
             if r < ROWS:
                 for s in range_constexpr(CPW):
@@ -926,7 +991,7 @@ print(format_table(reg_rows))
 #
 # The recorded figures of FlyDSL's `pa_decode_tile` (`pa_tile/data/upstream_pa_decode_tile_isa.md`,
 # read by `pa_tile.upstream`; bf16 query, trans-blocked V, one partition) next to this kernel with
-# its default plan, for gfx942 (`tests/test_stage5.py` checks all 64 configurations of both arches).
+# its default plan, for gfx942 (`tests/test_stage5.py` checks all 96 configurations of both arches).
 
 # %%
 from pa_tile import upstream  # noqa: E402
@@ -948,7 +1013,7 @@ print(sum(r["meets"] == "yes" for r in up_rows), "of", len(up_rows), "meet or be
 assert all(r["meets"] == "yes" and r["spill"] == 0 for r in up_rows)
 
 # %% [markdown]
-# Registers, occupancy and LDS all meet or beat upstream in all 64 configurations. With four
+# Registers, occupancy and LDS meet or beat upstream in all 48 configurations (all 96 with gfx950). With four
 # M-tiles (`query_length` 4, group 16) the comparison is not like for like: upstream keeps all
 # four in one workgroup, this kernel two (see "Memory traffic" below for what that costs). With
 # one M-tile it is close, and the first version of this chapter was **short on 19 of the 64
@@ -1009,7 +1074,7 @@ assert all(r["meets"] == "yes" and r["spill"] == 0 for r in up_rows)
 # | gfx950 | 64 | 128 | 16 | tensor | 122 / 4 | 112 / 4 | 120 / 4 |
 # | gfx950 | 64 | 128 | 16 | token | 140 / 3 | 118 / 4 | 128 / 4 |
 #
-# All 64 configurations now meet or beat upstream (the live table above is gfx942;
+# All 64 head_dim 64/128 configurations now met or beat upstream (the live table above is gfx942;
 # `tests/test_stage5.py` checks both arches). Per-token scales now cost 6 registers over
 # per-tensor instead of 22, and 2 KB of LDS (LDS does not bound occupancy here). (The table is
 # history: staging the query in LDS later took Q's 8 registers out of the loop too, and the
@@ -1019,7 +1084,8 @@ assert all(r["meets"] == "yes" and r["spill"] == 0 for r in up_rows)
 #
 # ## head_dim 256
 #
-# Upstream's tile kernel stops at head_dim 128; nothing in this one is specific to it. A K row is
+# Upstream's tile kernel compiles head_dim 256 too (its figures are in the table above); nothing in
+# this one is specific to 128 either. A K row is
 # `head_dim/64` pairs of 16-channel chunks per lane (4 at 256), V `head_dim/16` d-chunks (16), and
 # after the merge each wave stores `head_dim/64` chunks of 16 channels. What it costs, with one
 # M-tile per workgroup (block 16 and 64, gfx942, bf16 query):

@@ -534,7 +534,7 @@ for P in (2, 5):
 # %% [markdown]
 # ## head_dim 256
 #
-# The upstream tile kernel stops at head_dim 128. Chapter 5's kernel is written for any multiple of
+# The upstream tile kernel compiles head_dim 256 too. Chapter 5's kernel is written for any multiple of
 # 64 channels (`head_dim/64` K chunks per lane, `head_dim/16` output chunks), and the reduce above
 # handles 256 (64 lanes per row). What does 256 cost? The output fragment of one M-tile doubles to
 # 64 registers per lane and K and V of a tile to 64 each; the LDS barely grows (the merge's
@@ -573,7 +573,7 @@ if supports_256:
 #
 # The finished kernel is chapter 5's partial kernel (specialized per split) plus the reduce. The
 # recorded figures of FlyDSL's `pa_decode_tile` (`pa_tile/data/upstream_pa_decode_tile_isa.md`, read
-# by `pa_tile.upstream`; 64 configurations, both arches, one partition) next to this kernel's
+# by `pa_tile.upstream`; the 64 head_dim 64/128 configurations, both arches, one partition) next to this kernel's
 # **split** specialization (`P = 4`, what a small batch runs; `tests/test_stage5.py` checks `P = 1`
 # against the same figures).
 
@@ -582,7 +582,7 @@ from pa_tile import upstream  # noqa: E402
 
 UPSTREAM = {  # (arch, block, head_dim, query_length, group, per_token) -> (VGPR+AGPR, waves/SIMD)
     (r["arch"], r["block"], r["head_dim"], r["query_len"], r["group"], r["per_token"]): (r["vgpr"], r["occ"])
-    for r in upstream.tile_isa_figures()
+    for r in upstream.tile_isa_figures() if r["head_dim"] <= 128
 }
 
 up_rows = []
