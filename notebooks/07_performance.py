@@ -215,7 +215,7 @@ plt.show()
 # 256-token tile) once per KV head, plus the query, per-token scales and one block-table entry
 # per page (`pa_tile.perf.tracing.compulsory_bytes`). The emulator counts every vector and
 # scalar global load of the call (all kernels of it). Batch 3 × 1027 tokens, one KV head, pages
-# of 16, gfx942, each stage's default partitions:
+# of 16, gfx942, each stage's default plan and partitions:
 
 # %% tags=["nbval-ignore-output"]
 from pa_tile.perf import tracing  # noqa: E402
@@ -238,14 +238,18 @@ else:
     print("ran on the GPU: memory traces are recorded only by the emulator (PA_TILE_BACKEND=emu)")
 
 # %% [markdown]
-# At one query token per sequence the stages load 1.07-1.23x the compulsory bytes: stages 2
-# and 5 about 1.08x, stages 3-4 about 1.18x (their K prefetch loads one tile past the last),
-# the split of stage 6 about 1.2x (a partition of three tiles over a five-tile context loads
-# six). At `query_length` 4 the rows of a KV head fill two M-tiles (group 8) or four (group 16),
-# and the default gives each M-tile its own workgroup (fewer registers, more occupancy), each
-# re-reading the KV head's K and V: 2.1-2.4x and 4.1-4.7x. Keeping every M-tile of a KV head in one workgroup
-# (the phase split, chapter 5) would load each byte once; that is the next step of this kernel
-# (issue #12), and this table is how it will be measured.
+# Loaded bytes are each wave instruction's distinct bytes, summed over the call: 64 lanes loading
+# one page id are one 4-byte request, but a byte read again by another instruction, wave or
+# workgroup counts again. Every stage that reads a byte once lands below 1: the compulsory count
+# rounds each context up to whole 256-token tiles, the kernels stop at the last page (1027 tokens
+# are 65 pages, not 80). Against the visible tokens' bytes the finished kernel loads 1.06-1.11x:
+# the last page's unused tokens, page ids, the query, and for the split (`s6` at one query token,
+# group 8: two partitions) the partials the reduce reads back. Stages 3-4 prefetch K a tile ahead,
+# so they load one more tile's K (1.12x). At `query_length` 4 with group 8 the two M-tiles share
+# one workgroup and its K/V reads (chapter 5's phase split); with group 16 the four M-tiles take
+# two workgroups of two, and K and V are read twice (1.67x): a third M-tile's output fragment
+# would cost upstream's occupancy (chapter 5, "Registers and occupancy against M-tiles per
+# workgroup").
 
 # %% [markdown]
 # ## 4 · Timings (ROCm GPU only)
