@@ -69,7 +69,10 @@ case "${1:-}" in
     setup
     headless
     "$PY" -m pa_tile._export --check
-    "$PY" -m pytest tests --nbval notebooks/ --nbval-sanitize-with notebooks/nbval_sanitize.cfg -p no:cacheprovider "${@:2}" ;;
+    # one worker per core (PA_TILE_TEST_WORKERS=0 runs in this process); a file's tests (a notebook's
+    # cells) stay together on one worker
+    "$PY" -m pytest tests --nbval notebooks/ --nbval-sanitize-with notebooks/nbval_sanitize.cfg -p no:cacheprovider \
+      -n "${PA_TILE_TEST_WORKERS:-2}" --dist loadfile "${@:2}" ;;
   help|-h|--help)
     usage ;;
   *)
