@@ -6,7 +6,9 @@ Usage: python scripts/check_upstream_flydsl.py /path/to/FlyDSL-checkout [example
 ``--tests`` options: ``-k`` keeps only cases whose label (``test_name[params] arch``) contains
 every given substring; ``--set NAME=VALUE`` (VALUE a Python literal) replaces that parameter's
 parametrize values by one value, or passes it as a keyword (small shapes, ``bench_iters=1``);
-``--arch`` runs one arch only. FlyDSL's ``run_perftest`` helper calls its function once (the
+``--sub 'OLD=>NEW'`` replaces text in the test module's source before it runs (shapes a test
+hard-codes, e.g. ``--sub 'M, N, K = 16, 5120, 8192=>M, N, K = 16, 128, 1024'``); ``--arch`` runs
+one arch only. FlyDSL's ``run_perftest`` helper calls its function once (the
 emulator measures no time).
 
 A check of the emulator's reach, not part of the test suite. Nothing of FlyDSL is copied: each
@@ -228,7 +230,8 @@ def _stub_triton() -> None:
     sys.modules["triton"], sys.modules["triton.language"] = tr, tr.language
 
 
-def run_tests(root: Path, files, lds_races: str = "raise", select=(), overrides=None, archs=("gfx942", "gfx950")) -> None:
+def run_tests(root: Path, files, lds_races: str = "raise", select=(), overrides=None, archs=("gfx942", "gfx950"),
+              subs=()) -> None:
     import inspect
     import time
 
@@ -267,10 +270,10 @@ def run_tests(root: Path, files, lds_races: str = "raise", select=(), overrides=
         with toolchain.target_arch(arch):
             _once_perftest(root)
             for rel in files:
-                _run_file(root, rel, arch, lds_races, select, overrides)
+                _run_file(root, rel, arch, lds_races, select, overrides, subs)
 
 
-def _run_file(root, rel, arch, lds_races, select, overrides):
+def _run_file(root, rel, arch, lds_races, select, overrides, subs=()):
     import inspect
     import time
 
@@ -282,7 +285,12 @@ def _run_file(root, rel, arch, lds_races, select, overrides):
     ns = {"__name__": "upstream_test", "__file__": str(path)}
     try:
         with contextlib.redirect_stdout(io.StringIO()):
-            exec(compile(_cpu_source(path.read_text()), str(path), "exec"), ns)
+            text = path.read_text()
+            for old, new in subs:
+                if old not in text:
+                    raise ValueError(f"--sub: {old!r} not in {rel}")
+                text = text.replace(old, new)
+            exec(compile(_cpu_source(text), str(path), "exec"), ns)
     except Exception as e:
         print(f"{rel} {arch}: not loaded ({type(e).__name__}: {e})")
         return
@@ -339,7 +347,7 @@ def main(argv):
         run_kernels(root, *argv[2:3])
         return 0
     if argv[1:2] == ["--tests"]:
-        files, select, overrides, archs, races = [], [], {}, ("gfx942", "gfx950"), "raise"
+        files, select, overrides, archs, races, subs = [], [], {}, ("gfx942", "gfx950"), "raise", []
         rest = iter(argv[2:])
         for a in rest:
             if a == "-k":
@@ -347,13 +355,15 @@ def main(argv):
             elif a == "--set":
                 k, _, v = next(rest).partition("=")
                 overrides[k] = _literal(v)
+            elif a == "--sub":
+                subs.append(tuple(next(rest).split("=>", 1)))
             elif a == "--arch":
                 archs = (next(rest),)
             elif a == "--lds-races":
                 races = next(rest)
             else:
                 files.append(a)
-        run_tests(root, files, races, select, overrides, archs)
+        run_tests(root, files, races, select, overrides, archs, subs)
         return 0
     files = argv[1:] or DEFAULT
     for rel in files:
