@@ -273,6 +273,29 @@ def run_tests(root: Path, files, lds_races: str = "raise", select=(), overrides=
                 _run_file(root, rel, arch, lds_races, select, overrides, subs)
 
 
+@contextlib.contextmanager
+def _raw_pointer_regions():
+    """Kernels taking ``fx.Pointer``s / ``data_ptr()`` ints name no tensor the emulator can see:
+    every tensor whose ``data_ptr()`` the test takes becomes an allowed region (its view), the
+    same as ``launch_options(regions=[...])`` listing them by hand."""
+    import torch
+
+    from pa_tile.emu import launch
+
+    seen, orig = [], torch.Tensor.data_ptr
+
+    def data_ptr(self):
+        if self.device.type == "cpu" and self.numel() and not any(t is self for t in seen):
+            seen.append(self)
+            launch._local.options["regions"] = tuple(seen)
+        return orig(self)
+    torch.Tensor.data_ptr = data_ptr
+    try:
+        yield
+    finally:
+        torch.Tensor.data_ptr = orig
+
+
 def _run_file(root, rel, arch, lds_races, select, overrides, subs=()):
     import inspect
     import time
@@ -318,7 +341,7 @@ def _run_file(root, rel, arch, lds_races, select, overrides, subs=()):
             t0 = time.perf_counter()
             try:
                 with toolchain.target_arch(arch), contextlib.redirect_stdout(io.StringIO()), \
-                        launch.launch_options(lds_races=lds_races):
+                        launch.launch_options(lds_races=lds_races), _raw_pointer_regions():
                     fn(**kw)
                 verdict = "PASS"
             except KeyboardInterrupt:
