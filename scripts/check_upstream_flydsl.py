@@ -1,6 +1,15 @@
 """Run FlyDSL's own examples in pa_tile's emulator, on CPU tensors, for gfx942 and gfx950.
 
-Usage: python scripts/check_upstream_flydsl.py /path/to/FlyDSL-checkout [example.py ... | --kernels [warn] | --tests test_file.py ...]
+Usage: python scripts/check_upstream_flydsl.py /path/to/FlyDSL-checkout [example.py ... | --kernels [warn] |
+       --tests test_file.py ... [-k SUBSTR ...] [--set NAME=VALUE ...] [--arch ARCH] [--lds-races warn]]
+
+``--tests`` options: ``-k`` keeps only cases whose label (``test_name[params] arch``) contains
+every given substring; ``--set NAME=VALUE`` (VALUE a Python literal) replaces that parameter's
+parametrize values by one value, or passes it as a keyword (small shapes, ``bench_iters=1``);
+``--sub 'OLD=>NEW'`` replaces text in the test module's source before it runs (shapes a test
+hard-codes, e.g. ``--sub 'M, N, K = 16, 5120, 8192=>M, N, K = 16, 128, 1024'``); ``--arch`` runs
+one arch only. FlyDSL's ``run_perftest`` helper calls its function once (the
+emulator measures no time).
 
 A check of the emulator's reach, not part of the test suite. Nothing of FlyDSL is copied: each
 example file is read from the given checkout and executed with its CUDA device strings mapped to
@@ -152,8 +161,8 @@ def _param_sets(fn):
     axes = []
     for m in marks:
         names = [n.strip() for n in (m.args[0].split(",") if isinstance(m.args[0], str) else m.args[0])]
-        vals = [v.values if hasattr(v, "values") else v for v in m.args[1]]
-        axes.append([dict(zip(names, v if len(names) > 1 else (v,))) for v in vals])
+        vals = [tuple(v.values) if hasattr(v, "values") else (v if len(names) > 1 else (v,)) for v in m.args[1]]
+        axes.append([dict(zip(names, v)) for v in vals])
     for combo in itertools.product(*axes):
         kw = {}
         for d in combo:
@@ -161,14 +170,77 @@ def _param_sets(fn):
         yield kw
 
 
-def run_tests(root: Path, files, lds_races: str = "raise") -> None:
+def _literal(text):
+    import ast
+
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text
+
+
+def _once_perftest(root: Path) -> None:
+    """FlyDSL's ``run_perftest(func, *args, num_iters=..)`` times many launches; here it calls
+    ``func`` once and reports 1 us, so a benchmark-wrapped check costs one launch."""
+    try:
+        import tests.test_common as tc
+    except Exception:  # noqa: BLE001 - the helper module may need things we do not have
+        return
+
+    def run_perftest(func, *args, num_iters=20, num_warmup=3, testGraph=False, num_rotate_args=0,
+                     needTrace=False, **kwargs):
+        return func(*args, **kwargs), 1.0
+    tc.run_perftest = run_perftest
+
+
+def _stub_triton() -> None:
+    """Some FlyDSL test helpers import triton for their fp4 quantizers only. Without triton, a
+    stand-in lets those modules load; a test that really launches a triton kernel fails with
+    "needs triton" (reported as outside the emulator's job)."""
+    try:
+        import triton  # noqa: F401
+        return
+    except ImportError:
+        import types
+
+    class _Any:
+        def __getattr__(self, name):
+            if name.startswith("__"):
+                raise AttributeError(name)
+            return _Any()
+
+        def __call__(self, *a, **k):
+            return _Any()
+
+        def __getitem__(self, item):
+            raise RuntimeError("needs triton (not installed): a triton kernel was launched")
+
+    def jit(fn=None, **kw):
+        return _Any() if fn is not None else (lambda f: _Any())
+
+    tr = types.ModuleType("triton")
+    tr.jit, tr.cdiv, tr.language = jit, (lambda a, b: -(-a // b)), types.ModuleType("triton.language")
+    def attr(name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return _Any()
+    tr.language.__getattr__ = attr
+    tr.next_power_of_2 = lambda n: 1 << max(0, (int(n) - 1).bit_length())
+    tr.__getattr__ = attr
+    sys.modules["triton"], sys.modules["triton.language"] = tr, tr.language
+
+
+def run_tests(root: Path, files, lds_races: str = "raise", select=(), overrides=None, archs=("gfx942", "gfx950"),
+              subs=()) -> None:
     import inspect
+    import time
 
     import torch
 
     from pa_tile import toolchain
     from pa_tile.emu import launch
 
+    overrides = overrides or {}
     torch.cuda.is_available = lambda: True
     _cpu_factories(torch)
     torch.cuda.synchronize = lambda *a, **k: None
@@ -183,43 +255,105 @@ def run_tests(root: Path, files, lds_races: str = "raise") -> None:
         stub = types.ModuleType("pandas")
         stub.__getattr__ = lambda name: (lambda *a, **k: None)
         sys.modules["pandas"] = stub
+    _stub_triton()
     import types as _t
 
     # kernels size their grids by the CU count
     torch.cuda.get_device_properties = lambda *a, **k: _t.SimpleNamespace(
-        multi_processor_count=256, gcnArchName=os.environ.get("ARCH", "gfx942"), name="pa_tile emulator")
-    for rel in files:
-        path = root / rel
-        sys.path.insert(0, str(path.parent))   # sibling helper modules (coop_common, ...)
-        ns = {"__name__": "upstream_test", "__file__": str(path)}
-        try:
-            exec(compile(_cpu_source(path.read_text()), str(path), "exec"), ns)
-        except Exception as e:
-            print(f"{rel}: not loaded ({type(e).__name__}: {e})")
+        multi_processor_count=256, gcnArchName=os.environ.get("FLYDSL_GPU_ARCH", "gfx942"), name="pa_tile emulator")
+    for arch in archs:
+        # Test modules (and the helpers they import) compute arch-dependent constants at import
+        # (e.g. ``DTYPE_FP8 = e4m3fn if "gfx95" in ARCH else e4m3fnuz``): load them afresh
+        # for each arch, inside its target.
+        for mod in [m for m, v in sys.modules.items() if str(getattr(v, "__file__", "") or "").startswith(str(root))]:
+            del sys.modules[mod]
+        with toolchain.target_arch(arch):
+            _once_perftest(root)
+            for rel in files:
+                _run_file(root, rel, arch, lds_races, select, overrides, subs)
+
+
+@contextlib.contextmanager
+def _raw_pointer_regions():
+    """Kernels taking ``fx.Pointer``s / ``data_ptr()`` ints name no tensor the emulator can see:
+    every tensor whose ``data_ptr()`` the test takes becomes an allowed region (its view), the
+    same as ``launch_options(regions=[...])`` listing them by hand."""
+    import torch
+
+    from pa_tile.emu import launch
+
+    seen, orig = [], torch.Tensor.data_ptr
+
+    def data_ptr(self):
+        if self.device.type == "cpu" and self.numel() and not any(t is self for t in seen):
+            seen.append(self)
+            launch._local.options["regions"] = tuple(seen)
+        return orig(self)
+    torch.Tensor.data_ptr = data_ptr
+    try:
+        yield
+    finally:
+        torch.Tensor.data_ptr = orig
+
+
+def _run_file(root, rel, arch, lds_races, select, overrides, subs=()):
+    import inspect
+    import time
+
+    from pa_tile import toolchain
+    from pa_tile.emu import launch
+
+    path = root / rel
+    sys.path.insert(0, str(path.parent))   # sibling helper modules (coop_common, ...)
+    ns = {"__name__": "upstream_test", "__file__": str(path)}
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            text = path.read_text()
+            for old, new in subs:
+                if old not in text:
+                    raise ValueError(f"--sub: {old!r} not in {rel}")
+                text = text.replace(old, new)
+            exec(compile(_cpu_source(text), str(path), "exec"), ns)
+    except Exception as e:
+        print(f"{rel} {arch}: not loaded ({type(e).__name__}: {e})")
+        return
+    for name, fn in list(ns.items()):
+        if not name.startswith("test_") or not callable(fn) or name.endswith("_full") or "perf" in name:
+            continue   # the exhaustive "_full" sweeps and benchmarks are too big to emulate
+        if any(m.name == "skip" or (m.name == "skipif" and m.args and m.args[0]) for m in getattr(fn, "pytestmark", [])):
+            print(f"{rel}::{name} {arch}: skipped by its own marker")
             continue
-        for name, fn in list(ns.items()):
-            if not name.startswith("test_") or not callable(fn) or name.endswith("_full") or "perf" in name:
-                continue   # the exhaustive "_full" sweeps and benchmarks are too big to emulate
-            if any(m.name == "skip" or (m.name == "skipif" and m.args and m.args[0]) for m in getattr(fn, "pytestmark", [])):
-                print(f"{rel}::{name}: skipped by its own marker")
+        params = inspect.signature(fn).parameters
+        seen = set()
+        for kw in _param_sets(fn):
+            kw.update({k: v for k, v in overrides.items() if k in params})
+            key = repr(sorted(kw.items(), key=lambda kv: kv[0]))
+            if key in seen:
                 continue
-            for kw in _param_sets(fn):
-                missing = [p for p in inspect.signature(fn).parameters if p not in kw]
-                for arch in ("gfx942", "gfx950"):
-                    label = f"{rel}::{name}{'[' + ','.join(map(str, kw.values())) + ']' if kw else ''} {arch}"
-                    if missing:
-                        print(f"{label}: not run (needs fixtures {missing})")
-                        break
-                    try:
-                        with toolchain.target_arch(arch), contextlib.redirect_stdout(io.StringIO()), \
-                                launch.launch_options(lds_races=lds_races):
-                            fn(**kw)
-                        verdict = "PASS"
-                    except Exception as e:
-                        while e.__cause__ is not None and "re-raised" in str(e):
-                            e = e.__cause__
-                        verdict = "FAIL " + " ".join(traceback.format_exception_only(type(e), e)).strip().replace("\n", " ")[:300]
-                    print(f"{label}: {verdict}", flush=True)
+            seen.add(key)
+            missing = [p for p, d in params.items() if p not in kw and d.default is inspect.Parameter.empty]
+            label = f"{rel}::{name}{'[' + ','.join(map(str, kw.values())) + ']' if kw else ''} {arch}"
+            if select and not all(k in label for k in select):
+                continue
+            if missing:
+                print(f"{label}: not run (needs fixtures {missing})")
+                continue
+            t0 = time.perf_counter()
+            try:
+                with toolchain.target_arch(arch), contextlib.redirect_stdout(io.StringIO()), \
+                        launch.launch_options(lds_races=lds_races), _raw_pointer_regions():
+                    fn(**kw)
+                verdict = "PASS"
+            except KeyboardInterrupt:
+                raise
+            except BaseException as e:  # pytest.skip/fail raise BaseExceptions
+                if type(e).__name__ in ("Skipped", "XFailed"):
+                    verdict = f"SKIP {e}"[:300]
+                else:
+                    while e.__cause__ is not None and "re-raised" in str(e):
+                        e = e.__cause__
+                    verdict = "FAIL " + " ".join(traceback.format_exception_only(type(e), e)).strip().replace("\n", " ")[:600]
+            print(f"{label}: {verdict} ({time.perf_counter() - t0:.0f} s)", flush=True)
 
 
 def main(argv):
@@ -236,7 +370,23 @@ def main(argv):
         run_kernels(root, *argv[2:3])
         return 0
     if argv[1:2] == ["--tests"]:
-        run_tests(root, argv[2:])
+        files, select, overrides, archs, races, subs = [], [], {}, ("gfx942", "gfx950"), "raise", []
+        rest = iter(argv[2:])
+        for a in rest:
+            if a == "-k":
+                select.append(next(rest))
+            elif a == "--set":
+                k, _, v = next(rest).partition("=")
+                overrides[k] = _literal(v)
+            elif a == "--sub":
+                subs.append(tuple(next(rest).split("=>", 1)))
+            elif a == "--arch":
+                archs = (next(rest),)
+            elif a == "--lds-races":
+                races = next(rest)
+            else:
+                files.append(a)
+        run_tests(root, files, races, select, overrides, archs, subs)
         return 0
     files = argv[1:] or DEFAULT
     for rel in files:

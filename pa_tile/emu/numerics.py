@@ -1086,9 +1086,24 @@ def _mini_decode(codes, kind):
     return sign * mag
 
 
-def mfma_f8f6f4(mnemonic: str, a, b, c, cbsz: int = 0, blgp: int = 0) -> np.ndarray:
-    """D = A x B + C for the gfx950 mixed-format MFMA; a/b are the (regs, 64) source rows."""
-    M, N, K = F8F6F4_SHAPES[mnemonic]
+F8F6F4_SCALE_SHAPES = {"v_mfma_scale_f32_16x16x128_f8f6f4": (16, 16, 128),
+                        "v_mfma_scale_f32_32x32x64_f8f6f4": (32, 32, 64)}
+
+
+def e8m0_scale(codes) -> np.ndarray:
+    """OCP MX E8M0 block scale: 2**(code - 127); code 0xFF is NaN (OCP MX v1.0 §5.4)."""
+    codes = np.asarray(codes, np.int64)
+    return np.where(codes == 0xFF, np.nan, np.exp2((codes - 127).astype(np.float64)))
+
+
+def mfma_f8f6f4(mnemonic: str, a, b, c, cbsz: int = 0, blgp: int = 0, scale_a=None, scale_b=None) -> np.ndarray:
+    """D = A x B + C for the gfx950 mixed-format MFMA; a/b are the (regs, 64) source rows.
+
+    ``v_mfma_scale_*`` (CDNA4 §7.1.2 "MFMA with scaling"): D = (scaleA . A) x (scaleB . B) + C,
+    with one E8M0 scale per 32 consecutive K items of a row (A) or column (B). In both shapes a
+    lane holds exactly one such block (K_L = 32 items), so *scale_a* / *scale_b* are the 64
+    per-lane E8M0 codes, each applied to that lane's own items."""
+    M, N, K = F8F6F4_SHAPES.get(mnemonic) or F8F6F4_SCALE_SHAPES[mnemonic]
     kl = K * M // 64
 
     def values(regs, code):
@@ -1099,6 +1114,10 @@ def mfma_f8f6f4(mnemonic: str, a, b, c, cbsz: int = 0, blgp: int = 0) -> np.ndar
         return _mini_decode(items.astype(np.int64), kind)
 
     av, bv = values(a, cbsz), values(b, blgp)
+    if scale_a is not None:
+        av = av * e8m0_scale(scale_a)[:, None]
+    if scale_b is not None:
+        bv = bv * e8m0_scale(scale_b)[:, None]
     G = 64 // M
     A = av.reshape(G, M, kl).transpose(1, 0, 2).reshape(M, K)
     B = bv.reshape(64 // N, N, kl).transpose(0, 2, 1).reshape(K, N)

@@ -54,20 +54,36 @@ for _m in nx.MFMA_MNEMONICS:
         op(_m)(_mfma)
 
 
-@op(*nx.F8F6F4_SHAPES, archs=("gfx950",))
+@op(*nx.F8F6F4_SHAPES, *nx.F8F6F4_SCALE_SHAPES, archs=("gfx950",))
 def _mfma_f8f6f4(ctx):
     """gfx950 mixed-format MFMA: ``cbsz`` / ``blgp`` name A's / B's element format here (not the
-    broadcast controls of the other MFMAs), and fix how many VGPRs each source spans."""
-    ctx.need(4)
-    extra = set(ctx.mods) - {"cbsz", "blgp", "abid"}
+    broadcast controls of the other MFMAs), and fix how many VGPRs each source spans.
+
+    ``v_mfma_scale_*`` take two more 32-bit sources, A's and B's E8M0 scales, one per lane;
+    ``op_sel[i] | op_sel_hi[i] << 1`` picks the byte of scale source i (LLVM's OPSEL_A/OPSEL_B
+    immediates, printed that way)."""
+    scaled = ctx.base in nx.F8F6F4_SCALE_SHAPES
+    ctx.need(6 if scaled else 4)
+    extra = set(ctx.mods) - {"cbsz", "blgp", "abid"} - ({"op_sel", "op_sel_hi"} if scaled else set())
     if extra or int(ctx.mods.get("abid", 0)):
         raise ctx.fail(f"modifiers {sorted(extra) or ['abid']}")
     cbsz, blgp = int(ctx.mods.get("cbsz", 0)), int(ctx.mods.get("blgp", 0))
     if cbsz not in nx.F8F6F4_FORMATS or blgp not in nx.F8F6F4_FORMATS:
         raise ctx.fail(f"cbsz:{cbsz} blgp:{blgp} name no format")
-    M, N, K = nx.F8F6F4_SHAPES[ctx.base]
+    M, N, K = (nx.F8F6F4_SHAPES.get(ctx.base) or nx.F8F6F4_SCALE_SHAPES[ctx.base])
     nc = M * N // 64
-    d, a, b, c = ctx.ops
+    d, a, b, c = ctx.ops[:4]
+    scales = None
+    if scaled:
+        sel = tuple(ctx.mods.get("op_sel", (0, 0, 0))) + (0, 0)
+        hi = tuple(ctx.mods.get("op_sel_hi", (0, 0, 0))) + (0, 0)
+        if sel[2] or hi[2]:
+            raise ctx.fail("op_sel[2] / op_sel_hi[2] on a scaled MFMA")
+        shifts = [8 * (int(sel[i]) | int(hi[i]) << 1) for i in (0, 1)]
+        reads = [ctx.vread(o, "u32") for o in ctx.ops[4:6]]
+
+        def scales(w):
+            return [(np.broadcast_to(r(w), (LANES,)) >> _U32(sh)) & _U32(0xFF) for r, sh in zip(reads, shifts)]
     na, nb = nx.f8f6f4_regs(cbsz, M, K), nx.f8f6f4_regs(blgp, M, K)
     # LLVM prints the 8-register range for every format; the instruction reads only the first ones
     for o, n, what in ((a, na, "A"), (b, nb, "B")):
@@ -87,5 +103,6 @@ def _mfma_f8f6f4(ctx):
     name = ctx.base
 
     def h(w):
-        w.v[rd:rd + nc] = nx.mfma_f8f6f4(name, w.v[ra:ra + na], w.v[rb:rb + nb], getc(w), cbsz, blgp)
+        sa, sb = scales(w) if scales else (None, None)
+        w.v[rd:rd + nc] = nx.mfma_f8f6f4(name, w.v[ra:ra + na], w.v[rb:rb + nb], getc(w), cbsz, blgp, sa, sb)
     return h

@@ -293,6 +293,23 @@ def _s_abs_i32(ctx):
     return _unop(ctx, f, 32)
 
 
+@op("s_bitset0_b32", "s_bitset1_b32", "s_bitset0_b64", "s_bitset1_b64")
+def _s_bitset(ctx):
+    """CDNA3 SOP1: D.u[S0.u[4:0]] = 0/1 (b64: S0.u[5:0]); the other bits of D kept, SCC not
+    changed."""
+    bits = 64 if ctx.base.endswith("64") else 32
+    one = "bitset1" in ctx.base
+    ctx.need(2)
+    rd = ctx.sread(ctx.ops[0], bits)
+    rs = ctx.sread(ctx.ops[1], 32)
+    wr = ctx.swrite(ctx.ops[0], bits)
+
+    def h(w):
+        m = 1 << (rs(w) & (bits - 1))
+        wr(w, (rd(w) | m) if one else (rd(w) & ~m & _MASK[bits]))
+    return h
+
+
 # saveexec family: D = old EXEC; EXEC = f(S0, EXEC); SCC = (EXEC != 0). (CDNA3 ISA, SOP1 opcodes)
 _SAVEEXEC = {
     "s_and_saveexec_b64": lambda s, e: s & e,
