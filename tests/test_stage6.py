@@ -223,7 +223,7 @@ def test_compiles_both_kernels():
     assert len(isa.kernel_names(toolchain.compile_isa(pipe1, *args1, arch="gfx942"))) == 1
 
 
-# Split specializations of the partial kernel against the upstream figures (NP=1 of all 64 rows is
+# Split specializations of the partial kernel against the upstream figures (NP=1 of all 96 rows is
 # tests/test_stage5.py's): the heaviest (query_length 4, group 16) and lightest rows, both arches.
 SPLIT_UPSTREAM = {  # (arch, block, head_dim, query_length, group, per_token) -> (VGPR+AGPR, waves/SIMD)
     ("gfx942", 16, 128, 4, 16, False): (246, 2), ("gfx942", 64, 128, 4, 16, True): (265, 1),
