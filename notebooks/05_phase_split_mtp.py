@@ -94,9 +94,9 @@ from flydsl.expr import arith, const_expr, gpu, range_constexpr
 from pa_tile import launching, problem
 from pa_tile.arch import fp8_max
 from pa_tile.kernel_lib import (
-    LOG2E, MASKED, SPAN, TILE, WAVE, WAVES, buffer_load, buffer_store, exp2, fmax, i64, imax, imin, lane_coords,
-    lds_load, lds_store, mfma, pack_fp8, quantize_query, rcp, rsrc, scalar_load, select, splat4, tree_sum, uniform,
-    xor_lanes,
+    LOG2E, MASKED, SPAN, TILE, WAVE, WAVES, buffer_load, buffer_store, exp2, fmax, i64, imax, imin,
+    lane_coords, lds_load, lds_store, mfma, pack_fp8, quantize_query, rcp, rsrc, scalar_load, select, splat4,
+    tree_sum, uniform, xor_lanes,
 )
 
 __all__ = ["paged_decode", "paged_decode_partials", "build_launcher", "launch_args", "kernel_args", "plan",
@@ -317,7 +317,12 @@ def _exp_pack(s, c, m_new, log2_fp8_max, v_weight):
     """P = 2^(s·c - m_new + log2 FP8_MAX) (largest = FP8_MAX), its lane sum, and P (times the
     per-token V weights ``v_weight(a)`` of lane-tokens 4a..4a+3, if any) packed as the two P·V B
     operands."""
-    shift = m_new - log2_fp8_max
+    # The row max is rounded once (max(s)·c), each exponent s·c - shift is fused; they differ by up
+    # to an ulp of |m_new|, so at large scores (|m_new| ~ 1e4) the top P could land past FP8_MAX,
+    # which the fp8 conversion turns into NaN. A margin of 4 such ulps keeps it at or under FP8_MAX
+    # (one fma per row and tile; P loses a factor 2^-(|m_new|·2^-21), common to the row's P and
+    # cancelled by the normalization).
+    shift = m_new - log2_fp8_max + fx.Float32(fx.absf(m_new)) * (2.0 ** -21)
     p = [exp2(fx.Float32(s[i]) * c - shift) for i in range_constexpr(16)]
     total = tree_sum(list(p))
     words = []

@@ -58,12 +58,13 @@ EXPECTED = {
                            k_bytes_per_load=1024, v_bytes_per_load=1024, kv_bytes_per_tile=65536,
                            lds_degree=1, lds_cycles_per_tile=0.0),
     # s5: phase-split MTP / wide-GQA kernel at ql 1, group 8 (one M-tile). Since the query is staged
-    # in LDS once per workgroup, the loop reads Q back each tile (2 ds_read_b128: 5 fewer static
-    # instructions, 8 fewer registers; gfx950 +12 dynamic per tile).
-    ("s5", "gfx942"): dict(loop_static=274, per_tile=700, k_coalescing=1.000, v_coalescing=1.000,
+    # in LDS once per workgroup, the loop reads Q back each tile (2 ds_read_b128: 8 fewer static
+    # instructions, 8 fewer registers) and P's exponent carries a margin against fp8 overflow at
+    # large scores (one fma per row and tile).
+    ("s5", "gfx942"): dict(loop_static=271, per_tile=688, k_coalescing=1.000, v_coalescing=1.000,
                            k_bytes_per_load=1024, v_bytes_per_load=1024, kv_bytes_per_tile=65536,
                            lds_degree=2, lds_cycles_per_tile=0.0),
-    ("s5", "gfx950"): dict(loop_static=284, per_tile=740, k_coalescing=1.000, v_coalescing=1.000,
+    ("s5", "gfx950"): dict(loop_static=281, per_tile=728, k_coalescing=1.000, v_coalescing=1.000,
                            k_bytes_per_load=1024, v_bytes_per_load=1024, kv_bytes_per_tile=65536,
                            lds_degree=2, lds_cycles_per_tile=0.0),
     # s6: s5's kernel split into partitions of 2 tiles (1024 tokens: 2, 2048: 4) plus the reduce:
@@ -72,10 +73,10 @@ EXPECTED = {
     # half the LDS in twice the rounds adds ~55 a tile here (once per partition of 2 tiles), the
     # bounded buffer descriptors (kernel_lib.rsrc: each tensor's size from its shape and strides,
     # scalar work once per workgroup of both kernels) ~195.
-    ("s6", "gfx942"): dict(loop_static=274, per_tile=1840, k_coalescing=1.000, v_coalescing=1.000,
+    ("s6", "gfx942"): dict(loop_static=271, per_tile=1846, k_coalescing=1.000, v_coalescing=1.000,
                            k_bytes_per_load=1024, v_bytes_per_load=1024, kv_bytes_per_tile=65536,
                            lds_degree=2, lds_cycles_per_tile=8.0),
-    ("s6", "gfx950"): dict(loop_static=284, per_tile=1893.5, k_coalescing=1.000, v_coalescing=1.000,
+    ("s6", "gfx950"): dict(loop_static=281, per_tile=1899.5, k_coalescing=1.000, v_coalescing=1.000,
                            k_bytes_per_load=1024, v_bytes_per_load=1024, kv_bytes_per_tile=65536,
                            lds_degree=2, lds_cycles_per_tile=8.0),
 }
