@@ -25,6 +25,11 @@ _API = {name: "pa_tile.api" for name in ("paged_decode", "plan", "Plan", "make_w
                                           "choose_num_partitions")}
 
 
+if __import__("os").environ.get("PA_TILE_SIMULATE_GPU"):
+    # a process-wide simulated GPU must exist before the first "cuda" tensor is made
+    _importlib.import_module(f"{__name__}.backend")
+
+
 def __getattr__(name):
     if name in _API:
         return getattr(_importlib.import_module(_API[name]), name)

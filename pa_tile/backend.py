@@ -121,7 +121,9 @@ def current_backend() -> str:
 def ensure_backend() -> str:
     """Make the chosen backend usable (installs the emulator hook for ``emu``); returns its name."""
     backend = current_backend()
-    if backend == "emu" and _simulated is None:
+    if _simulated is not None:
+        return backend  # a simulated GPU set up its own executor (the emulator) when it started
+    if backend == "emu":
         from . import toolchain
         from .emu import launch
 
@@ -200,14 +202,20 @@ def cu_count(device, arch: str) -> int:
 class SimulatedGPU:
     """A GPU that is not there: ``device_arch``/``cu_count`` answer for it, and every kernel launch
     (``pa_tile.launching``) checks that each tensor argument is on a ``cuda`` device and that the
-    kernel was compiled for this arch, records the launch, and does nothing else. With
-    ``FakeTensorMode`` providing ``cuda`` tensors, it proves on a CPU what a ROCm run would see."""
+    kernel was compiled for this arch, and records the launch.
 
-    def __init__(self, arch: str = "gfx942", cu_count: Optional[int] = None):
+    Without ``execute`` the launch does nothing else: with ``FakeTensorMode`` providing ``cuda``
+    tensors, it proves on a CPU what a ROCm run would see, reading no value. With ``execute`` the
+    ``cuda`` device is :mod:`pa_tile.emu.device` (tensors that say ``cuda:0`` and keep their bytes on
+    the host) and each checked launch runs in the emulator on those bytes: GPU code, a chapter or
+    a harness written for a GPU, runs unchanged and computes real results."""
+
+    def __init__(self, arch: str = "gfx942", cu_count: Optional[int] = None, execute: bool = False):
         from . import arch as _arch
 
         self.arch = _arch.check_arch(arch)
         self.cu_count = cu_count if cu_count is not None else _arch.info(self.arch).cu_count
+        self.executes = bool(execute)
         self.launches: list = []  # (kernel name, arch, grid-less summary of the arguments)
 
 
@@ -218,21 +226,63 @@ def simulated_gpu() -> Optional[SimulatedGPU]:
 
 class simulate_gpu:
     """``with simulate_gpu("gfx950") as gpu: ...``: the backend is ``gpu`` and launches are checked
-    no-ops (see :class:`SimulatedGPU`); ``gpu.launches`` lists what would have run."""
+    (see :class:`SimulatedGPU`; ``execute=True`` runs them in the emulator on host-backed ``cuda``
+    tensors); ``gpu.launches`` lists what ran or would have run."""
 
-    def __init__(self, arch: str = "gfx942", cu_count: Optional[int] = None):
-        self.gpu = SimulatedGPU(arch, cu_count)
+    def __init__(self, arch: str = "gfx942", cu_count: Optional[int] = None, execute: bool = False):
+        self.gpu = SimulatedGPU(arch, cu_count, execute)
 
     def __enter__(self) -> SimulatedGPU:
         global _simulated
         self._saved = _simulated
+        if self.gpu.executes:
+            self._device = _start_device(self.gpu)
         _simulated = self.gpu
         return self.gpu
 
     def __exit__(self, *exc):
         global _simulated
         _simulated = self._saved
+        if self.gpu.executes:
+            self._device.__exit__(*exc)
         return False
+
+
+def _start_device(gpu: SimulatedGPU):
+    """Enter the host-backed ``cuda`` device for ``gpu`` and make the emulator its executor; the
+    returned context manager (entered) leaves it again."""
+    from . import toolchain
+    from .emu import device, launch
+
+    toolchain.ensure_toolchain()
+    launch.install()
+    ctx = device.simulated_device(gpu.arch, gpu.cu_count, name=f"simulated {gpu.arch} (pa_tile.emu)")
+    ctx.__enter__()
+    return ctx
+
+
+_process_device = None  # the process-wide simulated device's context (kept: leaving it ends it)
+
+
+SIMULATE_ENV_VAR = "PA_TILE_SIMULATE_GPU"
+
+
+def _simulate_from_env() -> None:
+    """``PA_TILE_SIMULATE_GPU=gfx942`` (or ``gfx950``, optionally ``:<CUs>``): the whole process runs
+    on an executing simulated GPU, so a notebook or script takes its GPU code paths on a CPU."""
+    global _simulated
+    spec = os.environ.get(SIMULATE_ENV_VAR, "").strip()
+    if not spec or _simulated is not None:
+        return
+    arch, _, cus = spec.partition(":")
+    try:
+        cu = int(cus) if cus else None
+    except ValueError:
+        raise ValueError(f"{SIMULATE_ENV_VAR}={spec!r}: the CU count after ':' must be an integer") from None
+    global _process_device
+    gpu = SimulatedGPU(arch, cu, execute=True)
+    _process_device = _start_device(gpu)
+    _simulated = gpu
 
 
 def runnable_archs() -> tuple:
@@ -243,3 +293,6 @@ def runnable_archs() -> tuple:
     if current_backend() == "gpu":
         return (default_arch(),)
     return _arch.ARCHS
+
+
+_simulate_from_env()

@@ -11,8 +11,9 @@
 * **The caller's stream.** On a GPU the kernel is queued on torch's current stream of the
   tensors' device, so it orders with the surrounding torch work and is captured by CUDA/HIP
   graphs; the emulator runs launches synchronously.
-* **A simulated GPU** (``pa_tile.backend.simulate_gpu``) replaces the launch by a check that
-  every tensor is a ``cuda`` tensor and the arch is the device's, and records it.
+* **A simulated GPU** (``pa_tile.backend.simulate_gpu``) checks that every tensor is a ``cuda``
+  tensor and the arch is the device's, and records the launch; then it does nothing, or (with
+  ``execute``) runs it in the emulator on the host bytes of ``pa_tile.emu.device``'s tensors.
 
 ``flyc.compile`` with live arguments is also the first launch: FlyDSL's rule for device tensors,
 and the emulator's for CPU tensors (``pa_tile.emu.launch``), so each call launches exactly once.
@@ -84,7 +85,23 @@ def launch(jit_fn, args: Sequence, *, arch: str, names: Optional[Sequence[str]] 
     gpu = backend.simulated_gpu()
     if gpu is not None:
         _check_simulated(gpu, jit_fn, args, names, arch)
-        return _Simulated(jit_fn, names)
+        if not gpu.executes:
+            return _Simulated(jit_fn, names)
+        from pa_tile.emu import device as sim_device
+
+        # the same compile cache as the emulator: the device's memory is these host tensors
+        args, device = sim_device.to_host(tuple(args)), torch.device("cpu")
+        key = (jit_fn, arch, _signature(args))
+        compiled = _compiled.get(key)
+        if compiled is None:
+            with _lock:
+                compiled = _compiled.get(key)
+                if compiled is None:
+                    compiled = _compile(jit_fn, args, None, arch, False, simulated=True)
+                    _compiled[key] = compiled
+                    return _Simulated(jit_fn, names, compiled)
+        compiled(*args, None)
+        return _Simulated(jit_fn, names, compiled)
     on_gpu = device.type == "cuda"
     key = (jit_fn, arch, _signature(args))
     compiled = _compiled.get(key)
@@ -107,6 +124,10 @@ def call(compiled, args: Sequence, arch: str, device: torch.device) -> None:
         from pa_tile import backend
 
         _check_simulated(backend.simulated_gpu(), compiled.jit_fn, args, compiled.names, arch)
+        if compiled.compiled is not None:
+            from pa_tile.emu import device as sim_device
+
+            compiled.compiled(*sim_device.to_host(tuple(args)), None)
     elif device.type == "cuda":
         compiled(*args, torch.cuda.current_stream(device))
     else:  # the emulator: synchronous, its arch read from the compiled code object
@@ -114,20 +135,21 @@ def call(compiled, args: Sequence, arch: str, device: torch.device) -> None:
 
 
 class _Simulated:
-    """What :func:`launch` returns on a simulated GPU: :func:`call` checks and records again."""
+    """What :func:`launch` returns on a simulated GPU: :func:`call` checks and records again, and
+    on an executing one launches ``compiled`` (the emulator's function) on the host bytes."""
 
-    __slots__ = ("jit_fn", "names")
+    __slots__ = ("jit_fn", "names", "compiled")
 
-    def __init__(self, jit_fn, names):
-        self.jit_fn, self.names = jit_fn, names
+    def __init__(self, jit_fn, names, compiled=None):
+        self.jit_fn, self.names, self.compiled = jit_fn, names, compiled
 
 
-def _compile(jit_fn, args, stream, arch, on_gpu):
+def _compile(jit_fn, args, stream, arch, on_gpu, simulated=False):
     import flydsl.compiler as flyc
 
     from pa_tile import backend, toolchain
 
-    chosen = backend.ensure_backend()
+    chosen = "emu" if simulated else backend.ensure_backend()
     if on_gpu and chosen != "gpu":
         raise ValueError("query: GPU tensors were given, but kernels run in the emulator in this process "
                          f"(backend {chosen!r}); pass CPU tensors or restart on the GPU backend")

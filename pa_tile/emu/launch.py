@@ -924,9 +924,19 @@ def _tracked_call(call: Callable[[], Any], what: str, named: Callable[[], Dict[s
     return result
 
 
+def _on_host(args: tuple, kwargs: dict) -> Tuple[tuple, dict]:
+    """Arguments with each simulated-device tensor (``pa_tile.emu.device``) replaced by its host
+    bytes and its streams by the default stream: what the emulator runs on."""
+    dev = sys.modules.get("pa_tile.emu.device")
+    if dev is None or dev.active() is None:
+        return args, kwargs
+    return dev.to_host(args), dev.to_host(kwargs)
+
+
 def _wrap_jit_call(original: Callable) -> Callable:
     @functools.wraps(original)
     def __call__(self, *args, **kwargs):
+        args, kwargs = _on_host(args, kwargs)
         func = getattr(self, "func", None)
         name = getattr(func, "__name__", type(self).__name__)
         return _tracked_call(
@@ -964,6 +974,7 @@ def _compiled_names(compiled: Any, args: tuple) -> Tuple[str, Dict[str, Any]]:
 def _wrap_compiled_call(original: Callable) -> Callable:
     @functools.wraps(original)
     def __call__(self, *args):
+        args, _ = _on_host(args, {})
         hit = _COMPILED_ORIGIN.get(id(self))
         what = f"compiled {hit[1]}()" if hit is not None and hit[0] is self else "compiled function"
         return _tracked_call(lambda: original(self, *args), what, lambda: _compiled_names(self, args)[1],
@@ -977,6 +988,7 @@ def _wrap_compile_call(original: Callable) -> Callable:
     # flyc.compile() compiles (and, given device tensors, launches) outside JitFunction.__call__.
     @functools.wraps(original)
     def __call__(self, func, *args, **kwargs):
+        args, kwargs = _on_host(args, kwargs)
         target = getattr(func, "func", func)
         name = getattr(target, "__name__", "?")
         compiled = _tracked_call(

@@ -126,7 +126,7 @@ def make_case(shape: DecodeShape, arch: str, *, seed: int = 0, device="cpu",
         return cache.make_case(
             shape.batch, shape.num_q_heads, shape.num_kv_heads, shape.head_dim, shape.block_size,
             list(shape.context_lengths), query_length=shape.query_length, fp8_format=fmt, scales=shape.scales,
-            query_dtype=query_dtype, seed=seed,
+            query_dtype=query_dtype, seed=seed, device="cpu",
         )
     return _device_case(shape, fmt, device, seed, query_dtype)
 

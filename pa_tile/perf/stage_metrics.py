@@ -305,6 +305,7 @@ def collect(stages: Optional[Sequence[str]] = None, archs: Sequence[str] = ARCHS
 
 def _collect_trace_subprocess(stages, archs, block_size) -> Dict:
     env = dict(os.environ, PA_TILE_BACKEND="emu")
+    env.pop("PA_TILE_SIMULATE_GPU", None)  # the traces need the plain emulator, not a simulated GPU
     cmd = [sys.executable, "-m", "pa_tile.perf.stage_metrics", "--json", "--stages", ",".join(stages),
            "--archs", ",".join(archs), "--block-size", str(block_size)]
     res = subprocess.run(cmd, env=env, capture_output=True, text=True)
