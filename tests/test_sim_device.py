@@ -59,6 +59,15 @@ def test_torch_device_rules_hold(dev):
     assert a.host.eq(1.0).all()  # .cpu() copies
 
 
+def test_device_to_host_reads_are_counted(dev):
+    a = torch.ones(3, device="cuda")
+    start = len(dev.host_reads)
+    b = a * 2 + 1  # device work only
+    assert len(dev.host_reads) == start
+    b.sum().item(), b.cpu(), b.tolist(), torch.zeros(3).copy_(b), bool((b > 0).all())
+    assert len(dev.host_reads) - start == 5, dev.host_reads[start:]
+
+
 def test_torch_cuda_answers_for_one_gpu_and_has_no_clock(dev):
     assert torch.cuda.is_available() and torch.cuda.device_count() == 1
     props = torch.cuda.get_device_properties(0)
@@ -129,10 +138,15 @@ def test_paged_decode_runs_on_the_simulated_gpu(arch, split):
         assert bool((err <= REF_ATOL + REF_RTOL * ref.float().abs()).all())
         plan = pa_tile.plan(*_inputs(case), num_partitions=split)
         again = torch.empty_like(out)
-        assert plan.run(case.query, case.k_blocked(), case.v_trans_blocked(), out=again) is again
+        k, v = case.k_blocked(), case.v_trans_blocked()
+        reads = len(sim.active().host_reads)
+        assert plan.run(case.query, k, v, out=again) is again
+        pa_tile.paged_decode(case.query, k, v, case.block_tables, case.context_lengths, case.k_scale,
+                             case.v_scale, num_partitions=split)
+        assert sim.active().host_reads[reads:] == []  # the per-call path never waits for the device
         assert torch.equal(again.cpu(), out.cpu())
     assert all(a == arch for _, a, _ in gpu.launches)
-    assert len(gpu.launches) == (2 if split else 1) * 2
+    assert len(gpu.launches) == (2 if split else 1) * 3
 
 
 def test_a_host_tensor_handed_to_the_simulated_gpu_is_refused_before_it_runs():

@@ -74,9 +74,11 @@ class DeviceTensor(torch.Tensor):
     is_meta = property(lambda self: False)
 
     def cpu(self, memory_format=torch.preserve_format):
+        _count_sync("Tensor.cpu")
         return self.host.clone(memory_format=memory_format)  # a copy into host memory, as from a GPU
 
     def tolist(self):
+        _count_sync("Tensor.tolist")
         return self.host.tolist()  # a device-to-host copy, as torch does for a cuda tensor
 
     def numpy(self, *args, **kwargs):
@@ -120,6 +122,12 @@ def to_host(value: Any) -> Any:
     return value
 
 
+def _count_sync(what: str) -> None:
+    """A device-to-host read: on a GPU the host waits for the device here (a sync)."""
+    if _state is not None:
+        _state.host_reads.append(what)
+
+
 def _is_sim(device) -> bool:
     return device is not None and torch.device(device).type == "cuda"
 
@@ -154,17 +162,32 @@ def _dispatch(func, args, kwargs):
     host_args = tree_map(lambda x: x.host if isinstance(x, DeviceTensor) else x, args)
     host_kwargs = tree_map(lambda x: x.host if isinstance(x, DeviceTensor) else x, host_kwargs)
     out = func(*host_args, **host_kwargs)
+    plain_ids = {id(p) for p in plain}
+    if wrapped and (not to_device or func._schema.name in _VALUE_OPS
+                    or any(id(x) in plain_ids for x in _tensors(out))):
+        _count_sync(name)  # a value or a copy leaves the device: on a GPU the host waits here
     if not to_device:
         return out
     by_host = {id(w.host): w for w in wrapped}
 
     def wrap(x):
         if isinstance(x, torch.Tensor) and not isinstance(x, DeviceTensor):
+            if id(x) in plain_ids:
+                return x  # written in place on the host (a copy from the device)
             same = by_host.get(id(x))  # an in-place op or out=: the tensor the caller gave
             return same if same is not None else DeviceTensor(x)
         return x
 
     return tree_map(wrap, out)
+
+
+_VALUE_OPS = {"aten::_local_scalar_dense", "aten::equal", "aten::is_nonzero"}
+
+
+def _tensors(out):
+    found = []
+    tree_map(lambda x: found.append(x) if isinstance(x, torch.Tensor) else None, out)
+    return found
 
 
 class _Mode(TorchDispatchMode):
@@ -284,6 +307,7 @@ class _State:
         self.mode: Optional[_Mode] = None
         self.constructors: Optional[_Constructors] = None
         self.saved: dict = {}
+        self.host_reads: list = []  # every device-to-host read (a host sync on a GPU), by what did it
 
 
 _state: Optional[_State] = None
@@ -315,7 +339,9 @@ def _cuda_api(st: _State) -> dict:
 
 
 def active() -> Optional[_State]:
-    """The simulated device's state (``arch``, ``cu_count``, ``name``) while one is entered."""
+    """The simulated device's state while one is entered: ``arch``, ``cu_count``, ``name`` and
+    ``host_reads`` (each device-to-host read so far: ``.item()``, ``.cpu()``, ``.tolist()``, a copy
+    to a host tensor; on a GPU each is a host sync)."""
     return _state
 
 
