@@ -217,6 +217,13 @@ class SimulatedGPU:
         self.cu_count = cu_count if cu_count is not None else _arch.info(self.arch).cu_count
         self.executes = bool(execute)
         self.launches: list = []  # (kernel name, arch, grid-less summary of the arguments)
+        self.log_path: Optional[str] = None  # PA_TILE_SIMULATE_GPU_LOG: a line per launch, appended
+
+    def record(self, kernel: str, arch: str, summary: tuple) -> None:
+        self.launches.append((kernel, arch, summary))
+        if self.log_path:  # a process that is killed at the end (a notebook kernel) leaves its count
+            with open(self.log_path, "a") as f:
+                f.write(f"{kernel} {arch}\n")
 
 
 def simulated_gpu() -> Optional[SimulatedGPU]:
@@ -269,7 +276,8 @@ SIMULATE_ENV_VAR = "PA_TILE_SIMULATE_GPU"
 
 def _simulate_from_env() -> None:
     """``PA_TILE_SIMULATE_GPU=gfx942`` (or ``gfx950``, optionally ``:<CUs>``): the whole process runs
-    on an executing simulated GPU, so a notebook or script takes its GPU code paths on a CPU."""
+    on an executing simulated GPU, so a notebook or script takes its GPU code paths on a CPU;
+    ``PA_TILE_SIMULATE_GPU_LOG=<file>`` appends a line per launch to that file."""
     global _simulated
     spec = os.environ.get(SIMULATE_ENV_VAR, "").strip()
     if not spec or _simulated is not None:
@@ -283,6 +291,7 @@ def _simulate_from_env() -> None:
     gpu = SimulatedGPU(arch, cu, execute=True)
     _process_device = _start_device(gpu)
     _simulated = gpu
+    gpu.log_path = os.environ.get(SIMULATE_ENV_VAR + "_LOG") or None
 
 
 def runnable_archs() -> tuple:

@@ -68,8 +68,9 @@ def _check_simulated(gpu, jit_fn, args, names, arch) -> None:
                              f"{gpu.arch} GPU")
     if arch != gpu.arch:
         raise ValueError(f"arch: code compiled for {arch} was launched on a {gpu.arch} GPU")
-    gpu.launches.append((getattr(jit_fn, "__name__", type(jit_fn).__name__), arch,
-                         tuple(tuple(a.shape) if isinstance(a, torch.Tensor) else a for a in args)))
+    fn = getattr(jit_fn, "func", jit_fn)  # a @flyc.jit JitFunction keeps the Python launcher as .func
+    gpu.record(getattr(fn, "__name__", type(jit_fn).__name__), arch,
+               tuple(tuple(a.shape) if isinstance(a, torch.Tensor) else a for a in args))
 
 
 def launch(jit_fn, args: Sequence, *, arch: str, names: Optional[Sequence[str]] = None,

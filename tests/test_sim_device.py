@@ -161,3 +161,15 @@ def test_a_host_tensor_handed_to_the_simulated_gpu_is_refused_before_it_runs():
         with pytest.raises(ValueError, match="cpu tensor was handed to a launch"):
             pa_tile.paged_decode(*_inputs(host))  # every tensor on the host: the boundary refuses
     assert gpu.launches == []
+
+
+def test_the_other_archs_static_metrics_compile_on_a_simulated_gpu():
+    """Chapter 07 compiles every stage for both archs; on a GPU the cases for that must be host
+    tensors (compiling reads no device memory), or the other arch is refused for the device."""
+    from pa_tile.perf import adapters, stage_metrics
+
+    with backend.simulate_gpu("gfx942", execute=True):
+        ad = adapters.get("s2")
+        assert ad.make_case(ad.default_shape(batch=1, context=(40,)), "gfx950").query.device.type == "cpu"
+        m = stage_metrics.static_metrics("s2", "gfx950", 16)
+    assert m.arch == "gfx950" and m.vgpr > 0
