@@ -592,7 +592,9 @@ def _report(s, rows, steps, data) -> str:
             "emulated, the reduce kernel is modelled from its code. Numerics of the seed runs are not checked.",
             "- Branches: the loop's basic blocks are walked as often as the emulator sample ran them (executions "
             "of each memory instruction by line, the busiest wave's; `model.block_frequencies`), mapped onto each "
-            "shape's build by instruction sequence. That did not rescue 67047563 (skip the block-table reload): "
+            "shape's build by instruction sequence. On these versions it changes no figure (the same run with "
+            "`PA_TILE_MODEL_BRANCHES=0`, every block walked, gives the same table): the blocks the sample skips "
+            "are off the walked critical path. It did not rescue 67047563 (skip the block-table reload): "
             "at the sample's short contexts (4 and 8 tiles split 4 ways) no partition crosses a page, so the "
             "reload block never runs in the sample either way, and the version is still predicted slower: its "
             "split blocks leave more `s_waitcnt vmcnt` that stall at all (10 against 6 per iteration), and each "
@@ -608,8 +610,8 @@ def _report(s, rows, steps, data) -> str:
             "tensor's base, as on a GPU where tensors start at least 256-byte aligned (see model.line_trace).",
             "- Loaded latency, the alternative form: re-walking the loop at the loaded latency (each wait stalls "
             "exactly as long as the longer latency makes it; `--loaded-latency rewalk`) validated far worse "
-            "than counting stalled waits (see the LOADED_LATENCY comment in pa_tile/perf/model.py for the "
-            "figures), so `count` stays the default: a choice made after seeing both.",
+            "than counting stalled waits (5/22 held-out within 15%, median 24.8%, 5/20 steps, Spearman 0.917), "
+            "so `count` stays the default: a choice made after seeing both.",
             "- Each stalled `s_waitcnt vmcnt` of the walk grows 1:1 with the loaded latency. Counting only waits "
             "that stall more than a quarter latency (what a fixed-latency memory would give) predicted these "
             "points far worse (5/22 held-out within 15%, Spearman 0.917, 11/20 steps): the model keeps the form "

@@ -74,11 +74,10 @@ TILE = 256
 #: how the loaded latency enters: "count" (every wait that stalled at the unloaded latency grows
 #: 1:1 with the extra latency) or "rewalk" (the walk re-run at the loaded latency, interpolated
 #: over LATENCY_FACTORS: each wait stalls exactly as long as the longer latency makes it). The
-#: re-walk is the more literal form, but it validated far worse on the pr-825 points (4/22
-#: held-out within 15%, 7/20 steps, Spearman 0.913, against 14/22, 8/20, 0.970 for "count", both
-#: measured before the 128-byte line counts were made independent of host alignment;
-#: ``scripts/validate_model.py --loaded-latency rewalk`` reruns it), so "count" stays the
-#: default; a choice made after seeing both.
+#: re-walk is the more literal form, but it validated far worse on the pr-825 points (5/22
+#: held-out within 15%, median 24.8%, 5/20 steps, Spearman 0.917, against 14/22, 13.5%, 9/20,
+#: 0.980 for "count"; ``scripts/validate_model.py --loaded-latency rewalk`` reruns it), so
+#: "count" stays the default: a choice made after seeing both.
 LOADED_LATENCY = "count"
 #: the highest HBM utilisation the loaded-latency fixed point may reach (lat0 / (1 - u) stays finite)
 U_MAX = 0.95
