@@ -100,6 +100,7 @@ partition's row max, row sum and normalized output. ``build_reduce`` merges them
 
 import dataclasses
 import functools
+import math
 
 import torch
 
@@ -112,7 +113,8 @@ from pa_tile.kernel_lib import LOG2E, TILE, buffer_load, buffer_store, exp2, fma
 from pa_tile.stages import s5_phase_split_mtp as s5
 
 __all__ = ["paged_decode", "launch_args", "build_reduce", "combine_torch", "choose_num_partitions",
-           "workspace_size", "carve", "make_workspace", "LIMITS", "MAX_PARTITIONS", "PARTIAL_BYTES_BUDGET"]
+           "choose_num_partitions_budget", "partition_table", "DEFAULT_POLICY", "workspace_size", "carve", "make_workspace", "LIMITS",
+           "MAX_PARTITIONS", "PARTIAL_BYTES_BUDGET"]
 
 #: the finished kernel supports what chapter 5's does; the split is what this chapter adds
 LIMITS = dataclasses.replace(s5.LIMITS, stage="s6")
@@ -281,7 +283,11 @@ assert all(r["finite"] and r["all_empty_row_is_0"] and float(r["max_err"]) < 2**
 #
 # More partitions fill more CUs but cost something each: a partition pays chapter 5's prologue
 # (load and quantize Q, fetch the first page ids) and its four-wave merge, and writes
-# `rows × (head_dim + 2)` floats that the reduce reads back. The heuristic balances the two:
+# `rows × (head_dim + 2)` floats that the reduce reads back. Two policies balance the two. The
+# **default is the timing model's** (`pa_tile.perf.model`, chapter 7): the count it predicts
+# fastest, looked up in a table it precomputed (below). The **rule of thumb** it replaced,
+# `choose_num_partitions_budget` (`policy="budget"`), is still here, because it explains the
+# trade-off in three lines:
 #
 # 1. **Enough workgroups.** Without a split there are `batch × kv_heads × m_groups` workgroups.
 #    The target is `4 × CUs` of them (1216 on MI300X, 1024 on MI355X): the finished kernel runs 4–5
@@ -303,9 +309,9 @@ assert all(r["finite"] and r["all_empty_row_is_0"] and float(r["max_err"]) < 2**
 # Shorter sequences of the batch simply leave their last partitions empty, which the reduce handles.
 
 # %% tags=["export"]
-def choose_num_partitions(num_seqs, num_kv_heads, max_context, *, arch, head_dim=128, group=8, query_length=1,
-                          cu_count=None):
-    """The split-K partition count for a problem shape (1 = no split, no reduce).
+def choose_num_partitions_budget(num_seqs, num_kv_heads, max_context, *, arch, head_dim=128, group=8,
+                                 query_length=1, cu_count=None):
+    """The rule of thumb (the default before the timing model chose): the split-K partition count.
 
     Aims for ``WORKGROUPS_PER_CU × cu_count`` workgroups of the partial kernel while giving every
     partition at least ``MIN_TILES_PER_PARTITION`` 256-token tiles and keeping the partials'
@@ -328,6 +334,66 @@ def choose_num_partitions(num_seqs, num_kv_heads, max_context, *, arch, head_dim
     per = -(-tiles // parts)
     return -(-tiles // per)
 
+
+#: how ``choose_num_partitions`` decides by default: "model" (the timing model's table) or
+#: "budget" (the rule of thumb above)
+DEFAULT_POLICY = "model"
+
+
+@functools.lru_cache(maxsize=None)
+def partition_table():
+    """``pa_tile/data/partition_table.json``: the partition count the timing model
+    (``pa_tile.perf.model``) predicts fastest, per configuration and (sequences × KV heads, tiles)
+    grid point; written by ``scripts/partition_table.py``. MODEL PREDICTIONS, not measurements."""
+    import importlib.resources
+    import json
+
+    return json.loads((importlib.resources.files("pa_tile") / "data" / "partition_table.json").read_text())
+
+
+def _nearest(values, x):
+    """Index of the value nearest to ``x`` on a log scale."""
+    lx = math.log(max(x, 1e-9))
+    return min(range(len(values)), key=lambda i: abs(math.log(values[i]) - lx))
+
+
+def choose_num_partitions(num_seqs, num_kv_heads, max_context, *, arch, head_dim=128, group=8, query_length=1,
+                          cu_count=None, policy=None):
+    """The split-K partition count for a problem shape (1 = no split, no reduce).
+
+    ``policy`` (None: :data:`DEFAULT_POLICY`) ``"model"``: the timing model's choice, looked up in :func:`partition_table`
+    (no emulator, no model at plan time): the configuration sampled nearest to this one (same
+    arch; nearest head_dim, then query rows ``group × query_length``, then query length), the grid
+    point nearest on a log scale to ``num_seqs × num_kv_heads`` (scaled by the table's CU count
+    over ``cu_count``: the model sees workgroups per CU) and to the 256-token tiles of
+    ``max_context``; it keeps that point's tiles per partition, then rounds so the tiles split
+    evenly. ``policy="budget"``: :func:`choose_num_partitions_budget`, the earlier rule of thumb.
+    ``cu_count``: the device's (``pa_tile.backend.cu_count``); None takes the flagship part of
+    ``arch`` (``pa_tile.arch``).
+    """
+    policy = DEFAULT_POLICY if policy is None else policy
+    if policy == "budget":
+        return choose_num_partitions_budget(num_seqs, num_kv_heads, max_context, arch=arch, head_dim=head_dim,
+                                            group=group, query_length=query_length, cu_count=cu_count)
+    if policy != "model":
+        raise ValueError(f"policy: expected 'model' or 'budget', got {policy!r}")
+    if cu_count is None:
+        cu_count = _arch.info(arch).cu_count
+    _arch.check_arch(arch)
+    table = partition_table()
+    rows = group * query_length
+    configs = [c for c in table["configs"] if c["arch"] == arch]
+    c = min(configs, key=lambda c: (abs(math.log2(c["head_dim"] / head_dim)),
+                                    abs(math.log2(c["group"] * c["query_length"] / rows)),
+                                    abs(c["query_length"] - query_length)))
+    tiles = max(1, -(-max_context // TILE))
+    i = _nearest(table["seq_heads"], num_seqs * num_kv_heads * c["cu_count"] / max(1, cu_count))
+    j = _nearest(table["tiles"], tiles)
+    per = -(-table["tiles"][j] // c["best"][i][j])  # the grid point's tiles per partition
+    parts = max(1, min(-(-tiles // per), MAX_PARTITIONS))
+    per = -(-tiles // parts)
+    return -(-tiles // per)
+
 # %%
 from pa_tile.arch import info as arch_info  # noqa: E402
 
@@ -336,20 +402,96 @@ for batch, kvh in ((1, 8), (4, 8), (16, 8), (64, 8), (256, 8), (8, 1)):
     row = dict(batch=batch, kv_heads=kvh)
     for ctx in (1024, 4096, 32768):
         for arch in ("gfx942", "gfx950"):
-            P = choose_num_partitions(batch, kvh, ctx, arch=arch)
+            P = choose_num_partitions_budget(batch, kvh, ctx, arch=arch)
             row[f"{ctx // 1024}k {arch}"] = f"{P} ({batch * kvh * P / arch_info(arch).cu_count:.1f}/CU)"
     hrows.append(row)
-print("partitions (workgroups per CU), group 8, query_length 1, head_dim 128")
+print("rule of thumb: partitions (workgroups per CU), group 8, query_length 1, head_dim 128")
 print(format_table(hrows))
 
 # %% [markdown]
-# Read the table by rows. One sequence of 32k tokens on 8 KV heads: 43 partitions of 3 tiles,
+# Read the table by rows (the rule of thumb's choices). One sequence of 32k tokens on 8 KV heads: 43 partitions of 3 tiles,
 # 1.1 workgroups per CU instead of 0.03; the partials' byte budget, not the CU count, stops it
 # there (64 partitions of 2 tiles would read 3.2 % of the K/V bytes again as partials). At 4k
 # tokens the budget allows 6 (3 tiles each), at 1k none: a 4-tile context is read by one
 # workgroup per KV head, and its latency, not bandwidth, bounds the call. A batch of 64 × 8
 # heads (512 workgroups) is topped up to 4–5 per CU by a 2–3-way split; at 256 × 8 nothing
 # splits. MI355X has fewer CUs, so it splits a little less for the same problem.
+#
+# ### The timing model decides
+#
+# The rule's 3 % budget is a guess about a trade the timing model can price: chapter 7's model
+# predicts a launch's time from the compiled code and an emulator sample, including what a split
+# adds (each partition's prologue and merge, the partials' bytes, the reduce kernel, the grid's
+# waves over the CUs). `scripts/partition_table.py` runs it for stage 6 over a grid (sequences ×
+# KV heads from 1 to 4096, contexts of 1 to 512 tiles, four points per octave; 10 head_dim /
+# group / query-length configurations per GPU) and writes the fastest count per point to
+# `pa_tile/data/partition_table.json`, taking a larger count only when it is predicted more than
+# 2 % faster. `choose_num_partitions` looks the shape up there: no emulator and no model at plan
+# time, a dictionary lookup. Below: the model's predicted time against the partition count for
+# four shapes, the rule of thumb's choice (open square) and the table's (star).
+#
+# How far to trust it: the model's held-out error on MI300X is in
+# `pa_tile/data/model_validation.md`, and the validation's weakest spot is exactly this: the steps
+# of the seed kernel's history that changed only the partition count at batch 64-128 were
+# predicted in the wrong direction. Where the rule left CUs idle (small batch, short context) the
+# model's extra partitions fill them, the direction nobody disputes; at large batch its choices
+# rest on the grid's wave quantization, the least validated part. And the table's grid is
+# coarse: between grid points it takes the nearest point's tiles per partition, which in the
+# quantization-dominated regime can pick a count the model itself predicts a few % slower (the
+# last panel on MI300X).
+
+# %% tags=["nbval-ignore-output"]
+from pa_tile import figures  # noqa: E402
+from pa_tile.perf import model  # noqa: E402
+from pa_tile.perf.roofline import DecodeShape  # noqa: E402
+
+SWEEP = {  # label: (batch, context, q heads, kv heads, query_length); head_dim 128, block 16
+    "3 x 1027 tokens, 16 heads / 1 KV head, 4 query tokens": (3, 1027, 16, 1, 4),
+    "4 x 1027 tokens, 8 heads / 1 KV head": (4, 1027, 8, 1, 1),
+    "16 x 32k tokens, 64 heads / 8 KV heads": (16, 32768, 64, 8, 1),
+    "152 x 32k tokens, 64 heads / 8 KV heads": (152, 32768, 64, 8, 1),
+}
+SWEEP_GPUS = {"MI300X": ("mi300x", "gfx942"), "MI355X": ("mi355x", "gfx950")}
+samples, panels, picks, srows = {}, {}, {}, []
+for label, (b, ctx, qh, kvh, ql) in SWEEP.items():
+    shape = DecodeShape(batch=b, context=ctx, num_q_heads=qh, num_kv_heads=kvh, head_dim=128, block_size=16,
+                        query_length=ql)
+    tiles = -(-ctx // TILE)
+    panels[label], picks[label] = {}, {}
+    for gpu, (name, arch) in SWEEP_GPUS.items():
+        key = (arch, shape.group, ql)
+        if key not in samples:  # one emulator sample per configuration (as the table's script takes it)
+            probe = DecodeShape(batch=1, context=1024, num_q_heads=shape.group, num_kv_heads=1, head_dim=128,
+                                block_size=16, query_length=ql)
+            samples[key] = model.sample_stage("s6", probe, arch)
+        ps = sorted({-(-tiles // -(-tiles // p)) for p in range(1, min(tiles, MAX_PARTITIONS) + 1)})
+        us = [model.predict_stage("s6", shape, name, sample=samples[key], partitions=p).predicted_us for p in ps]
+        t = dict(zip(ps, us))
+        rule = choose_num_partitions(b, kvh, ctx, arch=arch, group=shape.group, query_length=ql, policy="budget")
+        chosen = choose_num_partitions(b, kvh, ctx, arch=arch, group=shape.group, query_length=ql)
+        panels[label][gpu] = (ps, us)
+        picks[label][gpu] = dict(rule=rule, model=chosen)
+        best = min(t, key=t.get)
+        srows.append({"shape": label, "GPU": gpu, "rule P": rule, "rule µs (pred.)": f"{t[rule]:.1f}",
+                      "model P": chosen, "model µs (pred.)": f"{t[chosen]:.1f}",
+                      "speedup (pred.)": f"{t[rule] / t[chosen]:.2f}x", "argmin P": best})
+print("PREDICTED by pa_tile.perf.model (not measured): stage 6, head_dim 128, block size 16")
+print(format_table(srows))
+fig = figures.partition_sweep(panels, picks, note="stage 6, head_dim 128; open square = rule of thumb, star = model's table")
+plt.show()
+
+# %% [markdown]
+# At small batch the rule of thumb was the expensive one: 3 sequences of 1027 tokens with 64
+# query rows per KV head got no split at all (the budget allows none at 64 rows), and the model
+# predicts one partition per tile about 1.9x faster on both GPUs; the chapter's own ragged set (4 ×
+# 1027, 8 rows) goes from 2 partitions to 5, about 1.6x (predicted). The price is bytes: each
+# partition re-reads the query and its page ids and the reduce reads the partials back, +8 % of
+# the loads at 8 rows and +44 % at 64 rows on those shapes (`tests/test_traffic.py` pins both),
+# which these latency-bound small launches can afford. At 16 × 8 KV heads × 32k the model
+# splits a little more than the rule on MI300X (19 against 10) and the same on MI355X. At
+# 152 × 8 × 32k (4 workgroups per CU unsplit) the two part ways: on MI355X the model splits
+# 5-way to even out the last wave of workgroups; on MI300X the table picks 16, which the model
+# itself predicts slightly slower than no split: the grid-lookup miss described above.
 #
 # ## The workspace
 #
@@ -469,7 +611,7 @@ for bad, fix in ((dict(block_tables=case.block_tables.long()), "int64 block tabl
 # Every option of the finished kernel, on the emulated gfx942 and gfx950 code, against the float32
 # reference: block 16/64, head_dim 64/128 (256: see below), query_length 1–4, groups 1–32, per-tensor
 # and per-token scales, f16/bf16, trans-blocked and plain V, a sliding window, a strided query, and
-# the split chosen by the heuristic (`P`) or forced. The contexts are the ragged set (1, 17, 256, 1027;
+# the split chosen by default (`P`: the timing model's table) or forced. The contexts are the ragged set (1, 17, 256, 1027;
 # raised to `query_length`) with shuffled pages and `-1` in unused block-table entries; with
 # 1027 tokens (5 tiles) a split of 3 leaves the 17-token sequence two empty partitions and the
 # 1-token one two as well. Tolerance as in chapters 2 and 5: `|err| ≤ 0.1 + 2⁻⁴·|ref|`.
@@ -664,6 +806,6 @@ if not steps:
 #   per-token scales, head_dim 64/128, bf16, strided queries.
 # * **Chapter 5**: multi-token (MTP) decode and wide GQA in 16-row M-tiles, the phase split, exact
 #   masking (a hidden token adds exactly nothing), sliding windows.
-# * **Chapter 6**: split-K over partitions with a NaN-proof flash-combine, a partition heuristic
-#   sized to 304 / 256 CUs, and `pa_tile.paged_decode`: one validated call that allocates nothing
+# * **Chapter 6**: split-K over partitions with a NaN-proof flash-combine, the partition count the
+#   timing model predicts fastest (a precomputed table; the 3 %-budget rule of thumb beside it), and `pa_tile.paged_decode`: one validated call that allocates nothing
 #   given a workspace, so it can live inside a CUDA/HIP graph.

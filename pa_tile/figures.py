@@ -17,7 +17,7 @@ import numpy as np
 
 __all__ = ["OKABE_ITO", "decode_floor", "cache_layouts", "mfma_atom", "wave_split", "mfma_ownership", "softmax_butterfly",
            "load_segments", "lds_banks", "phase_timeline", "traffic_bars", "split_k", "roofline", "static_facts",
-           "trace_facts"]
+           "trace_facts", "partition_sweep", "stage_predictions"]
 
 #: Okabe & Ito's colour-blind-safe palette (black last: it is kept for text and markers)
 OKABE_ITO = ("#E69F00", "#56B4E9", "#009E73", "#F0E442", "#0072B2", "#D55E00", "#CC79A7", "#000000")
@@ -579,3 +579,66 @@ def trace_facts(trace: Sequence[dict], names: Sequence[str], archs: Sequence[str
 
 def _pick_all(rows, names, arch):
     return [_pick(rows, stage=n, arch=arch)[0] for n in names]
+
+
+def partition_sweep(panels: Mapping[str, Mapping[str, tuple]], picks: Mapping[str, Mapping[str, Mapping[str, int]]],
+                    *, note: str = ""):
+    """Predicted time against the split-K partition count, one panel per problem shape.
+
+    ``panels[label][gpu] = (partitions, predicted_us)``; ``picks[label][gpu] = {"rule": P, "model": P}``
+    marks the two policies' choices. Every figure drawn is a MODEL PREDICTION: the title says so."""
+    plt = _plt()
+    n = len(panels)
+    cols = min(n, 2)
+    rows = -(-n // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(WIDTH, 2.6 * rows), squeeze=False)
+    for ax, (label, curves) in zip(axes.flat, panels.items()):
+        for k, (gpu, (ps, us)) in enumerate(curves.items()):
+            color = LINE_COLORS[k % len(LINE_COLORS)]
+            ax.plot(ps, us, "-", color=color, lw=1.2, label=f"{gpu} (predicted)")
+            pk = picks.get(label, {}).get(gpu, {})
+            for what, marker in (("rule", "s"), ("model", "*")):
+                if what in pk and pk[what] in ps:
+                    i = list(ps).index(pk[what])
+                    ax.plot([ps[i]], [us[i]], marker, color=color, ms=9 if marker == "*" else 6,
+                            mfc="white" if marker == "s" else color, mec=color,
+                            label=f"{gpu}: {'rule of thumb' if what == 'rule' else 'model'} P={pk[what]}")
+        ax.set_xscale("log", base=2)
+        ax.set_ylim(bottom=0)
+        _style(ax, title=label, xlabel="partitions P", ylabel="predicted µs")
+        ax.legend(fontsize=FONT - 1, loc="best")
+    for ax in list(axes.flat)[n:]:
+        ax.axis("off")
+    fig.suptitle("PREDICTED by pa_tile.perf.model (not measured)" + (f": {note}" if note else ""), fontsize=FONT + 1)
+    fig.tight_layout()
+    return fig
+
+
+def stage_predictions(labels: Sequence[str], series: Mapping[str, Sequence[float]], *, title: str,
+                      references: Optional[Mapping[str, float]] = None, note: str = ""):
+    """Predicted kernel time per stage (grouped bars, one series per GPU), with optional
+    horizontal reference lines (e.g. upstream's kernel). MODEL PREDICTIONS: the title says so."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(WIDTH, 3.4))
+    x = np.arange(len(labels))
+    w = 0.8 / max(1, len(series))
+    for k, (name, vals) in enumerate(series.items()):
+        vals = [np.nan if v is None else v for v in vals]
+        bars = ax.bar(x + (k - (len(series) - 1) / 2) * w, vals, w, color=LINE_COLORS[k % len(LINE_COLORS)], label=name)
+        for b, v in zip(bars, vals):
+            if np.isfinite(v):
+                ax.text(b.get_x() + b.get_width() / 2, v, f"{v:.0f}", ha="center", va="bottom", fontsize=FONT - 1)
+    for k, (name, v) in enumerate((references or {}).items()):
+        ax.axhline(v, color=OKABE_ITO[-1], lw=1, ls=("--", ":", "-.")[k % 3], label=name)
+    ax.set_xticks(x)
+    ax.set_xticklabels(labels, fontsize=FONT)
+    ax.set_yscale("log")
+    _style(ax, title=title, ylabel="µs (log scale)")
+    ax.legend(fontsize=FONT - 1, loc="upper right")
+    if note:
+        import textwrap
+
+        ax.text(0.0, -0.12, "\n".join(textwrap.wrap(note, 130)), transform=ax.transAxes, fontsize=FONT - 1,
+                va="top")
+    fig.tight_layout()
+    return fig

@@ -139,3 +139,42 @@ def test_predict_verb_prints_the_contract_line(capsys):
     assert "PREDICTED" in out[0] and any(line.startswith("bound:") for line in out)
     m = re.fullmatch(r"predicted_us=(\d+\.\d+) floor_us=(\d+\.\d+)", out[-1])
     assert m and float(m.group(1)) >= float(m.group(2)) > 0
+
+
+ASM = """\
+k:
+  s_load_dword s4, s[0:1], 0x0
+.LBB0_1:
+  buffer_load_dwordx4 v[0:3], v4, s[0:3], 0 offen
+  s_waitcnt vmcnt(0)
+  v_add_f32_e32 v5, v5, v6
+  s_cbranch_scc1 .LBB0_2
+  buffer_load_dword v7, v4, s[0:3], 0 offen
+  s_waitcnt vmcnt(0)
+  v_add_f32_e32 v5, v5, v7
+.LBB0_2:
+  ds_swizzle_b32 v8, v5 offset:swizzle(SWAP,16)
+  s_cbranch_scc0 .LBB0_1
+  s_endpgm
+.Lfunc_end0:
+"""
+
+
+def test_block_frequencies_follow_the_sampled_executions():
+    lines = ASM.splitlines()
+    ln = {text.strip().split()[0] + str(i): i for i, text in enumerate(lines, 1) if text.strip()}
+    first, skipped = ln["buffer_load_dwordx44"], ln["buffer_load_dword8"]
+    start, end = 3, 13
+    # the conditional load ran in a quarter of the iterations: its block (to the label) runs 1/4
+    f = model.block_frequencies(ASM, start, end, {first: 8.0, skipped: 2.0})
+    assert f[skipped] == pytest.approx(0.25) and f[skipped + 2] == pytest.approx(0.25)
+    assert f[first] == 1.0
+    # the swizzle touches no LDS memory, the trace records nothing for it: its block counts as run
+    assert f[ln["ds_swizzle_b3212"]] == 1.0
+    # never ran: skipped; no counts at all: everything walked
+    assert model.block_frequencies(ASM, start, end, {first: 8.0})[skipped] == 0.0
+    assert set(model.block_frequencies(ASM, start, end, {}).values()) == {1.0}
+    # counts move to another build of the same code by instruction sequence
+    other = ASM.replace("k:\n", "k:\n  s_mov_b32 s9, 0\n")
+    moved = model.map_lines({first: 8.0, skipped: 2.0}, ASM, other, "k", "k")
+    assert moved == {first + 1: 8.0, skipped + 1: 2.0}

@@ -109,30 +109,31 @@ def test_reduce_matches_model(arch, S, kvh, NP, ql, g, hd, qdt, device):
 
 
 def test_heuristic_fills_the_machine_without_tiny_partitions():
+    """The rule of thumb (``policy="budget"``, the default before the timing model chose)."""
     for arch, cus in (("gfx942", 304), ("gfx950", 256)):
         assert pa_tile.arch.info(arch).cu_count == cus
         # one long sequence: the partials' byte budget caps it (128 tiles, 8 rows: at most
         # 0.03·128·512·128 / (8·130·4) = 60), rounded to 3 tiles per partition -> 43
-        assert s6.choose_num_partitions(1, 8, 32768, arch=arch) == 43
+        assert s6.choose_num_partitions_budget(1, 8, 32768, arch=arch) == 43
         # 4k tokens = 16 tiles: budget 7, rounded to 3 tiles per partition -> 6
-        assert s6.choose_num_partitions(1, 8, 4096, arch=arch) == 6
+        assert s6.choose_num_partitions_budget(1, 8, 4096, arch=arch) == 6
         # 16 rows a KV head halve the budget; 64 rows (MTP 4 x group 16) of a 1027-token context: none
-        assert s6.choose_num_partitions(1, 8, 4096, arch=arch, group=16) == 3
-        assert s6.choose_num_partitions(3, 1, 1027, arch=arch, group=16, query_length=4) == 1
+        assert s6.choose_num_partitions_budget(1, 8, 4096, arch=arch, group=16) == 3
+        assert s6.choose_num_partitions_budget(3, 1, 1027, arch=arch, group=16, query_length=4) == 1
         # 1 tile or 1 token: nothing to split
-        assert s6.choose_num_partitions(1, 1, 256, arch=arch) == 1
-        assert s6.choose_num_partitions(1, 1, 1, arch=arch) == 1
+        assert s6.choose_num_partitions_budget(1, 1, 256, arch=arch) == 1
+        assert s6.choose_num_partitions_budget(1, 1, 1, arch=arch) == 1
         # a batch that fills 4 workgroups per CU by itself is not split
-        assert s6.choose_num_partitions(cus // 2, 8, 32768, arch=arch) == 1
+        assert s6.choose_num_partitions_budget(cus // 2, 8, 32768, arch=arch) == 1
     # in between: enough partitions for ~4 workgroups per CU, rounded so tiles split evenly
-    P = s6.choose_num_partitions(16, 8, 32768, arch="gfx942")  # want ceil(1216/128) = 10; 128 tiles -> 13 per -> 10
+    P = s6.choose_num_partitions_budget(16, 8, 32768, arch="gfx942")  # want ceil(1216/128) = 10; 128 tiles -> 13 per -> 10
     assert P == 10 and -(-128 // P) * P >= 128 and -(-128 // P) * (P - 1) < 128
-    assert s6.choose_num_partitions(16, 8, 32768, arch="gfx950") == 8
+    assert s6.choose_num_partitions_budget(16, 8, 32768, arch="gfx950") == 8
     # M-groups count as workgroups: query_length 4 x group 16 = 4 M-tiles -> 4x fewer partitions wanted
-    assert (s6.choose_num_partitions(4, 8, 65536, arch="gfx942", group=16, query_length=4)
-            < s6.choose_num_partitions(4, 8, 65536, arch="gfx942"))
+    assert (s6.choose_num_partitions_budget(4, 8, 65536, arch="gfx942", group=16, query_length=4)
+            < s6.choose_num_partitions_budget(4, 8, 65536, arch="gfx942"))
     with pytest.raises(ValueError, match="arch"):
-        s6.choose_num_partitions(1, 1, 1000, arch="gfx90a")
+        s6.choose_num_partitions_budget(1, 1, 1000, arch="gfx90a")
 
 
 def test_heuristic_never_exceeds_limits():
@@ -140,7 +141,7 @@ def test_heuristic_never_exceeds_limits():
         for kvh in (1, 4, 8):
             for ctx in (1, 255, 256, 257, 511, 513, 5000, 100000):
                 for arch in ARCHS:
-                    P = s6.choose_num_partitions(S, kvh, ctx, arch=arch)
+                    P = s6.choose_num_partitions_budget(S, kvh, ctx, arch=arch)
                     tiles = -(-ctx // 256)
                     assert 1 <= P <= s6.MAX_PARTITIONS
                     assert P == 1 or tiles // P >= s6.MIN_TILES_PER_PARTITION
@@ -152,18 +153,31 @@ def test_heuristic_keeps_the_partials_under_their_byte_budget():
     for rows_g, ql in ((1, 1), (8, 1), (16, 1), (8, 4), (32, 4)):
         for hd in (64, 128, 256):
             for ctx in (256, 1027, 4096, 32768, 100000):
-                P = s6.choose_num_partitions(1, 1, ctx, arch="gfx942", head_dim=hd, group=rows_g, query_length=ql)
+                P = s6.choose_num_partitions_budget(1, 1, ctx, arch="gfx942", head_dim=hd, group=rows_g, query_length=ql)
                 if P > 1:
                     tiles = -(-ctx // 256)
                     partials = P * rows_g * ql * (hd + 2) * 4
                     assert partials <= s6.PARTIAL_BYTES_BUDGET * tiles * 2 * 256 * hd
 
 
+def test_model_choice_never_exceeds_limits():
+    """The default (the timing model's table): within the kernel's limits, tiles split evenly."""
+    for S in (1, 2, 7, 64, 1000):
+        for kvh in (1, 4, 8):
+            for ctx in (1, 255, 256, 257, 511, 513, 5000, 100000):
+                for arch in ARCHS:
+                    P = s6.choose_num_partitions(S, kvh, ctx, arch=arch)
+                    tiles = -(-ctx // 256)
+                    assert 1 <= P <= min(s6.MAX_PARTITIONS, tiles)
+                    per = -(-tiles // P)
+                    assert per * (P - 1) < tiles  # the longest sequence leaves no partition empty
+
+
 # ---------------------------------------------------------------------------- the finished kernel
 
 # block, head_dim, group, query_length, scales, query dtype, trans V, window, strided query, partitions
 MATRIX = [
-    (16, 128, 8, 1, "per-tensor", torch.float16, True, 0, False, None),  # auto: 2 partitions
+    (16, 128, 8, 1, "per-tensor", torch.float16, True, 0, False, None),  # auto: the model's 5 partitions
     (64, 128, 16, 1, "per-token", torch.bfloat16, True, 0, True, 3),
     (16, 64, 32, 3, "per-token", torch.float16, False, 0, False, None),
     (64, 64, 4, 4, "per-tensor", torch.bfloat16, True, 300, False, 5),  # 5 = one tile per partition
@@ -184,9 +198,11 @@ def test_matches_reference(arch, cfg, device):
 
 
 def test_auto_split_is_used_on_the_ragged_set():
-    """The matrix's auto rows really split (1027 tokens = 5 tiles -> 2 partitions of 3 + 2)."""
+    """The matrix's auto rows really split (1027 tokens = 5 tiles -> the model's 5 partitions of
+    one tile; the rule of thumb took 2 of 3 + 2)."""
     case = _case("gfx942", 16, 128, 8, 1)
-    assert s6.choose_num_partitions(4, 1, case.block_tables.shape[1] * 16, arch="gfx942") == 2
+    assert s6.choose_num_partitions(4, 1, case.block_tables.shape[1] * 16, arch="gfx942") == 5
+    assert s6.choose_num_partitions(4, 1, case.block_tables.shape[1] * 16, arch="gfx942", policy="budget") == 2
 
 
 @pytest.mark.parametrize("arch", ARCHS)

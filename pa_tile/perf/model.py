@@ -66,9 +66,19 @@ __all__ = [
     "predict_stage",
     "format_prediction",
     "vmem_segments",
+    "line_executions",
+    "block_frequencies",
 ]
 
 TILE = 256
+#: how the loaded latency enters: "count" (every wait that stalled at the unloaded latency grows
+#: 1:1 with the extra latency) or "rewalk" (the walk re-run at the loaded latency, interpolated
+#: over LATENCY_FACTORS: each wait stalls exactly as long as the longer latency makes it). The
+#: re-walk is the more literal form, but it validated far worse on the pr-825 points (5/22
+#: held-out within 15%, median 24.8%, 5/20 steps, Spearman 0.917, against 14/22, 13.5%, 9/20,
+#: 0.980 for "count"; ``scripts/validate_model.py --loaded-latency rewalk`` reruns it), so
+#: "count" stays the default: a choice made after seeing both.
+LOADED_LATENCY = "count"
 #: the highest HBM utilisation the loaded-latency fixed point may reach (lat0 / (1 - u) stays finite)
 U_MAX = 0.95
 _TRANS = ("v_exp_", "v_log_", "v_rcp_", "v_sqrt_", "v_rsq_", "v_sin_", "v_cos_")
@@ -240,6 +250,98 @@ def _kernel_lines(text: str, kernel: str) -> List[Tuple[int, str, str]]:
     return out
 
 
+def line_executions(trace) -> Dict[int, int]:
+    """Executions of each memory instruction by assembly line (``text.splitlines()``, 1-based), from
+    an emulator trace, for the wave that ran it most often (a ``ds_read2`` records two addresses,
+    counted once). The busiest wave is the one the workgroup waits for at its barriers, so a block
+    only one wave runs (``s_and_saveexec`` + ``s_cbranch_execz``) counts as run. The loop's
+    branch structure is read off these: a block whose loads never ran in the sample did not run
+    (:func:`block_frequencies`)."""
+    seen = set()
+    per: Dict[Tuple[int, object], int] = {}
+    for recs in (trace.global_records, trace.scalar_records, trace.lds_records):
+        for r in recs:
+            seq, wave, line = r[0], r[1], r[3]
+            if line is None or (seq, wave, line) in seen:
+                continue
+            seen.add((seq, wave, line))
+            per[(int(line), wave)] = per.get((int(line), wave), 0) + 1
+    out: Dict[int, int] = {}
+    for (line, _), c in per.items():
+        out[line] = max(out.get(line, 0), c)
+    return out
+
+
+def map_lines(line_counts: Dict, from_asm: str, to_asm: str, from_kernel: Optional[str] = None,
+              to_kernel: Optional[str] = None) -> Dict[int, float]:
+    """``line_counts`` of one compiled kernel carried over to another build of the same source
+    (e.g. the sample's, compiled for another split): instructions are matched by their mnemonic
+    sequence (``difflib``); counts of unmatched lines are dropped (those lines then count as run)."""
+    import difflib
+
+    if from_asm == to_asm:
+        return {int(k): float(v) for k, v in line_counts.items()}
+    a = _kernel_lines(from_asm, from_kernel or _first_kernel(from_asm))
+    b = _kernel_lines(to_asm, to_kernel or _first_kernel(to_asm))
+    sm = difflib.SequenceMatcher(None, [m for _, m, _ in a], [m for _, m, _ in b], autojunk=False)
+    counts = {int(k): float(v) for k, v in line_counts.items()}
+    out: Dict[int, float] = {}
+    for i, j, n in sm.get_matching_blocks():
+        for d in range(n):
+            la, lb = a[i + d][0], b[j + d][0]
+            if la in counts:
+                out[lb] = counts[la]
+    return out
+
+
+def _first_kernel(text: str) -> str:
+    from .. import isa
+
+    return isa.kernel_names(text)[0]
+
+
+#: lane-exchange DS instructions touch no LDS memory: the emulator's trace records no access for them
+_UNRECORDED = ("ds_swizzle", "ds_bpermute", "ds_permute", "ds_nop")
+_BRANCH = re.compile(r"^s_(c?branch|setpc|cbranch_\w+)")
+
+
+def block_frequencies(text: str, start: int, end: int, line_counts: Dict) -> Dict[int, float]:
+    """Per instruction line of the loop body [start, end]: the fraction of iterations that run it,
+    from the sampled executions of the memory instructions (``line_counts``: line -> executions,
+    any common scale). The body is cut into basic blocks at labels and after branches; a block with
+    memory instructions runs as often as its most executed one, relative to the body's most
+    executed memory line (which runs every iteration); a block without memory instructions counts
+    as always run (the trace cannot tell). Empty ``line_counts``: every line 1 (walk everything)."""
+    counts = {int(k): float(v) for k, v in (line_counts or {}).items()}
+    raw = text.splitlines()
+    blocks: List[List[int]] = [[]]
+    for n in range(start, end + 1):
+        line = raw[n - 1].split(";", 1)[0].strip()
+        if line.endswith(":"):  # a label (.LBB0_2: included) starts a block
+            if blocks[-1]:
+                blocks.append([])
+            continue
+        if not line or line.startswith("."):
+            continue
+        blocks[-1].append(n)
+        if _BRANCH.match(line.split(None, 1)[0].lower()):
+            blocks.append([])
+    mem = {}
+    for n in range(start, end + 1):
+        line = raw[n - 1].split(";", 1)[0].strip()
+        mn = line.split(None, 1)[0].lower() if line and not line.endswith(":") and not line.startswith(".") else ""
+        if mn and _family(mn) in ("global", "buffer", "smem", "ds") and not mn.startswith(_UNRECORDED):
+            mem[n] = counts.get(n, 0.0)
+    ref = max(mem.values(), default=0.0)
+    freq: Dict[int, float] = {}
+    for b in blocks:
+        ms = [mem[n] for n in b if n in mem]
+        f = 1.0 if (not counts or ref <= 0 or not ms) else min(1.0, max(ms) / ref)
+        for n in b:
+            freq[n] = f
+    return freq
+
+
 def wave_profile(instrs: Sequence[Tuple[str, str]], hw, *, repeat: int = 1,
                  before: Sequence[Tuple[str, str]] = (), vmem_segments: float = 16.0) -> WaveProfile:
     """Walk ``before`` once, then ``instrs`` ``repeat`` times; the profile of the last repeat.
@@ -268,6 +370,9 @@ class KernelCode:
     loop_static_instructions: int
     loop: Optional[WaveProfile]     # one iteration, steady state (third of three)
     fixed: WaveProfile              # everything outside the main loop, walked once
+    #: the same walk re-run at loaded latencies: (latency cycles, loop cycles, fixed cycles),
+    #: increasing latency; ``predict`` interpolates it (:data:`LATENCY_FACTORS`)
+    latency_curve: Tuple[Tuple[float, float, float], ...] = ()
 
     def to_dict(self) -> Dict:
         d = dataclasses.asdict(self)
@@ -275,14 +380,31 @@ class KernelCode:
         return d
 
 
+#: loop iterations averaged after the warm-up (the dithered walk of partly-run blocks)
+AVERAGE_ITERATIONS = 4
+
+
+def _average(profs: Sequence[WaveProfile]) -> WaveProfile:
+    out = WaveProfile()
+    n = len(profs)
+    for f in dataclasses.fields(WaveProfile):
+        vals = [getattr(p, f.name) for p in profs]
+        setattr(out, f.name, max(vals) if f.name == "max_vm_bytes_in_flight" else sum(vals) / n)
+    return out
+
+
 def kernel_code(asm_text: str, kernel: Optional[str] = None, *, hw="mi300x", cached: bool = False,
-                vmem_segments: float = 16.0) -> KernelCode:
+                vmem_segments: float = 16.0, line_counts: Optional[Dict] = None) -> KernelCode:
     """Occupancy and the walked main loop / fixed part of one kernel in ``asm_text``.
 
     ``cached``: its global loads hit in L2 / Infinity Cache (``cache_latency_cycles``), as the
     reduce kernel's re-reads of partials just written do. ``vmem_segments``: 64-byte segments an
     average vector load touches (the emulator's coalescing figure; 16 = a perfectly coalesced
-    dwordx4 of 64 lanes)."""
+    dwordx4 of 64 lanes). ``line_counts``: sampled executions of the memory instructions by line
+    (:func:`line_executions`): the loop's blocks run as often as the sample ran them
+    (:func:`block_frequencies`; a block run in a fraction f of iterations is walked in
+    round(k f) of k iterations, averaged over :data:`AVERAGE_ITERATIONS` after two warm-up
+    iterations); without them every block is walked every iteration."""
     from .. import isa
 
     hwc = _hw.hardware(hw)
@@ -294,23 +416,52 @@ def kernel_code(asm_text: str, kernel: Optional[str] = None, *, hw="mi300x", cac
     occ = isa.occupancy(stats, hwc.arch)
     lines = _kernel_lines(asm_text, name)
     lp = stats.main_loop
-    loop_prof = None
-    if lp is not None:
-        body = [(m, o) for n, m, o in lines if lp.start_line <= n <= lp.end_line]
+    freq = block_frequencies(asm_text, lp.start_line, lp.end_line, line_counts or {}) if lp is not None else {}
+
+    def walk_at(h):
+        if lp is None:
+            return None, _walk(_Walker(h, vmem_segments), [(m, o) for _, m, o in lines])
+        body = [(n, m, o) for n, m, o in lines if lp.start_line <= n <= lp.end_line]
         pre = [(m, o) for n, m, o in lines if n < lp.start_line]
         post = [(m, o) for n, m, o in lines if n > lp.end_line]
-        w = _Walker(hwc, vmem_segments)
+        w = _Walker(h, vmem_segments)
         p_pre = _walk(w, pre)
-        for _ in range(3):
-            loop_prof = _walk(w, body)
+        profs = []
+        for k in range(2 + AVERAGE_ITERATIONS):
+            run = [(m, o) for n, m, o in body
+                   if math.floor((k + 1) * freq.get(n, 1.0) + 1e-9) > math.floor(k * freq.get(n, 1.0) + 1e-9)]
+            p = _walk(w, run)
+            if k >= 2:
+                profs.append(p)
         p_post = _walk(w, post)
-        fixed = _merge(p_pre, p_post)
-        nloop = len(body)
-    else:
-        fixed = _walk(_Walker(hwc, vmem_segments), [(m, o) for _, m, o in lines])
-        nloop = 0
+        return _average(profs), _merge(p_pre, p_post)
+
+    loop_prof, fixed = walk_at(hwc)
+    curve = []
+    for f in (LATENCY_FACTORS if LOADED_LATENCY == "rewalk" else ()):
+        lo_, fx_ = walk_at(dataclasses.replace(hwc, mem_latency_cycles=hwc.mem_latency_cycles * f))
+        curve.append((hwc.mem_latency_cycles * f, lo_.cycles if lo_ is not None else 0.0, fx_.cycles))
+    nloop = sum(1 for n, _, _ in lines if lp is not None and lp.start_line <= n <= lp.end_line)
     return KernelCode(name, hwc.arch, stats.vgpr_unified, stats.lds_bytes, occ.waves_per_workgroup,
-                      occ.workgroups_per_cu, tuple(occ.bound_by), nloop, loop_prof, fixed)
+                      occ.workgroups_per_cu, tuple(occ.bound_by), nloop, loop_prof, fixed, tuple(curve))
+
+
+#: loaded latencies (multiples of the unloaded ``mem_latency_cycles``) the walk is re-run at;
+#: between them the loop's cycles are interpolated linearly, beyond the last extrapolated with
+#: the last slope (the walk is piecewise linear in the latency)
+LATENCY_FACTORS = (1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 20.0)
+
+
+def _interp(curve, lat: float, col: int) -> float:
+    xs = [c[0] for c in curve]
+    ys = [c[col] for c in curve]
+    if lat <= xs[0]:
+        return ys[0]
+    for i in range(1, len(xs)):
+        if lat <= xs[i] or i == len(xs) - 1:
+            x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+            return y0 + (y1 - y0) * (lat - x0) / (x1 - x0)
+    return ys[-1]
 
 
 def _merge(a: WaveProfile, b: WaveProfile) -> WaveProfile:
@@ -343,11 +494,14 @@ class Sample:
     reduce_asm: str = dataclasses.field(repr=False, default="")
     reduce_kernel: Optional[str] = None
     checks_ok: bool = True
+    #: executions of each memory instruction of ``main_asm`` per tile, by line (the busiest wave's)
+    line_per_tile: Dict[int, float] = dataclasses.field(default_factory=dict)
 
     def to_dict(self) -> Dict:
         d = dataclasses.asdict(self)
         d.pop("main_asm")
         d.pop("reduce_asm")
+        d.pop("line_per_tile")
         return d
 
 
@@ -372,7 +526,15 @@ LINE = 128
 def line_trace(arch: str):
     """A ``pa_tile.emu.memory.Trace`` that also counts, for vector loads/stores, the distinct
     128-byte lines each wave instruction touches (``trace.lines``): the coalescing figure the
-    model charges the addresser for (64-byte segments do not see a lane stride of 64-128 bytes)."""
+    model charges the addresser for (64-byte segments do not see a lane stride of 64-128 bytes).
+
+    Lines are counted from the base of the tensor an address lies in (``trace.bases``, set per
+    launch from its memory regions by :func:`aligned_lines`): GPU tensors start at least 256-byte
+    aligned (CUDA documents 256 bytes for ``cudaMalloc``; torch's caching allocator, the one ROCm
+    torch uses too, hands out blocks in 512-byte units; an assumption for HIP, said here), host
+    tensors only 64-byte, so counting from raw host
+    addresses made the figure depend on where the host allocator put each run's tensors (the
+    difference of two sample runs swung by up to 2.7x between runs)."""
     import numpy as np
 
     from ..emu.memory import Trace
@@ -382,6 +544,7 @@ def line_trace(arch: str):
             super().__init__(arch)
             self.lines = 0
             self.vector_accesses = 0
+            self.bases = np.zeros(0, dtype=np.uint64)
 
         def global_access(self, mnemonic, line, addrs, mask, nbytes, *, kind="global", write=False, wave=None):
             super().global_access(mnemonic, line, addrs, mask, nbytes, kind=kind, write=write, wave=wave)
@@ -391,11 +554,28 @@ def line_trace(arch: str):
             if not m.any():
                 return
             a = np.asarray(addrs, dtype=np.uint64)[m]
-            first, last = a // LINE, (a + np.uint64(max(1, nbytes) - 1)) // LINE
+            if self.bases.size:
+                idx = np.maximum(np.searchsorted(self.bases, a, side="right") - 1, 0)
+                base, tag = self.bases[idx], idx.astype(np.uint64) << np.uint64(44)
+            else:
+                base, tag = np.zeros_like(a), np.zeros_like(a)
+            off = a - base
+            line_ = np.uint64(LINE)
+            first = tag + off // line_
+            last = tag + (off + np.uint64(max(1, nbytes) - 1)) // line_
             self.lines += int(np.unique(np.concatenate([first, last])).size)
             self.vector_accesses += 1
 
     return LineTrace(arch)
+
+
+def aligned_lines(launch_obj) -> None:
+    """Before a launch runs: give its ``line_trace`` the bases of the launch's memory regions."""
+    import numpy as np
+
+    tr = launch_obj.trace
+    if tr is not None and hasattr(tr, "bases"):
+        tr.bases = np.array(sorted({int(r[0]) for r in launch_obj.regions}), dtype=np.uint64)
 
 
 def _emulate(ad, shape: DecodeShape, arch: str, context: int, partitions: Optional[int], seed: int):
@@ -408,8 +588,18 @@ def _emulate(ad, shape: DecodeShape, arch: str, context: int, partitions: Option
     if partitions is not None and _accepts(ad.module.paged_decode, "num_partitions"):
         kw["num_partitions"] = partitions
     trace = line_trace(arch)
-    with launch.record_launches() as log, launch.launch_options(trace=trace):
-        out = ad.module.paged_decode(**inputs, **kw)
+    prev = None
+
+    def handler(lg):
+        aligned_lines(lg)
+        prev(lg)
+
+    prev = launch.set_launch_handler(handler)
+    try:
+        with launch.record_launches() as log, launch.launch_options(trace=trace):
+            out = ad.module.paged_decode(**inputs, **kw)
+    finally:
+        launch.set_launch_handler(prev)
     ok = checks.compare(out, checks.reference_output(case), ad.tolerance).ok
     fam: Dict[str, float] = {}
     for mn, c in trace.counts.items():
@@ -429,7 +619,7 @@ def _emulate(ad, shape: DecodeShape, arch: str, context: int, partitions: Option
             lds["bytes"] += r["bytes"]
             lds["conflict_cycles"] += r["conflict_cycles"]
     launches = [(lg.kernel, lg.grid, lg.asm) for lg in log]
-    return dict(families=fam, other=other, lds=lds, ok=ok, launches=launches)
+    return dict(families=fam, other=other, lds=lds, ok=ok, launches=launches, lines=line_executions(trace))
 
 
 def sample_stage(stage: str, shape: DecodeShape, arch: str = "gfx942", *, contexts: Tuple[int, int] = (512, 1024),
@@ -462,6 +652,9 @@ def sample_stage(stage: str, shape: DecodeShape, arch: str = "gfx942", *, contex
         for k in b[part]:
             per_tile[f"{part}_{k}"] = (b[part][k] - a[part][k]) / tiles / wgs
             fixed[f"{part}_{k}"] = max(0.0, a[part][k] / wgs - per_tile[f"{part}_{k}"] * (lo // TILE))
+    # executions of each memory instruction by line, per tile (the loop's branch frequencies)
+    line_per_tile = {n: (b["lines"].get(n, 0) - a["lines"].get(n, 0)) / tiles
+                     for n in set(a["lines"]) | set(b["lines"])} if a["launches"][0][2] == main_asm else {}
     # the reduce kernel: compile a split launch (nothing heavy runs: one short emulated call)
     reduce_asm, reduce_kernel = "", None
     if _accepts(ad.module.paged_decode, "num_partitions"):
@@ -480,7 +673,7 @@ def sample_stage(stage: str, shape: DecodeShape, arch: str = "gfx942", *, contex
                               query_length=shape.query_length, scales=shape.scales),
                   contexts=(lo, hi), m_groups=m_groups, waves_per_workgroup=wpw, per_tile=per_tile, fixed=fixed,
                   main_asm=main_asm, reduce_asm=reduce_asm, reduce_kernel=reduce_kernel,
-                  checks_ok=bool(a["ok"] and b["ok"]))
+                  checks_ok=bool(a["ok"] and b["ok"]), line_per_tile=line_per_tile)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -573,11 +766,21 @@ def predict(*, shape: DecodeShape, hw, per_tile: Dict[str, float], fixed: Dict[s
     k_fixed = main.fixed.vm_stalled_waits
     F0 = main.fixed.cycles
 
-    def evaluate(u):
+    curve = main.latency_curve if (LOADED_LATENCY == "rewalk" and main.latency_curve) else ()
+
+    def loaded(u):
+        """(loop cycles per tile, fixed cycles) of one wave at utilisation u."""
         extra = lat0 * u / (1.0 - u)
-        cand = dict(latency=L_tile + extra * k_loop, issue=R * simd_busy, lds=R * lds_cu, vmem_addresser=R * ta_cu)
+        if curve:
+            lat = lat0 + extra
+            return _interp(curve, lat, 1) * scale if lp is not None and lp.instructions else 0.0, _interp(curve, lat, 2)
+        return L_tile + extra * k_loop, F0 + extra * k_fixed
+
+    def evaluate(u):
+        lt, fx = loaded(u)
+        cand = dict(latency=lt, issue=R * simd_busy, lds=R * lds_cu, vmem_addresser=R * ta_cu)
         rc = max(cand.values())
-        t_cu_ = generations * (T * rc + F0 + extra * k_fixed) / clk
+        t_cu_ = generations * (T * rc + fx) / clk
         return cand, rc, t_cu_, max(t_cu_, t_mem)
 
     u_lo, u_hi = 0.0, U_MAX
@@ -591,7 +794,7 @@ def predict(*, shape: DecodeShape, hw, per_tile: Dict[str, float], fixed: Dict[s
     u = u_lo
     cand, round_cycles, t_cu, t_main = evaluate(u)
     round_bound = max(cand, key=cand.get)
-    F = F0 + lat0 * u / (1.0 - u) * k_fixed
+    F = loaded(u)[1]
     launch = hwc.launch_us * 1e-6
     terms = dict(launch=hwc.launch_us, cu=t_cu * 1e6, memory=t_mem * 1e6)
 
@@ -644,7 +847,8 @@ def predict_stage(stage: str, shape: DecodeShape, gpu: str = "mi300x", *, sample
     arch = hwc.arch
     if sample is None:
         sample = sample_stage(stage, shape, arch)
-    main = kernel_code(sample.main_asm, hw=hwc, vmem_segments=vmem_segments(sample.per_tile))
+    main = kernel_code(sample.main_asm, hw=hwc, vmem_segments=vmem_segments(sample.per_tile),
+                       line_counts=sample.line_per_tile or None)
     reduce = kernel_code(sample.reduce_asm, sample.reduce_kernel, hw=hwc, cached=True) if sample.reduce_asm else None
     if partitions is None:
         partitions = _stage_partitions(stage, shape, arch)

@@ -15,6 +15,7 @@ partition's row max, row sum and normalized output. ``build_reduce`` merges them
 
 import dataclasses
 import functools
+import math
 
 import torch
 
@@ -27,7 +28,8 @@ from pa_tile.kernel_lib import LOG2E, TILE, buffer_load, buffer_store, exp2, fma
 from pa_tile.stages import s5_phase_split_mtp as s5
 
 __all__ = ["paged_decode", "launch_args", "build_reduce", "combine_torch", "choose_num_partitions",
-           "workspace_size", "carve", "make_workspace", "LIMITS", "MAX_PARTITIONS", "PARTIAL_BYTES_BUDGET"]
+           "choose_num_partitions_budget", "partition_table", "DEFAULT_POLICY", "workspace_size", "carve", "make_workspace", "LIMITS",
+           "MAX_PARTITIONS", "PARTIAL_BYTES_BUDGET"]
 
 #: the finished kernel supports what chapter 5's does; the split is what this chapter adds
 LIMITS = dataclasses.replace(s5.LIMITS, stage="s6")
@@ -123,9 +125,9 @@ def build_reduce(head_dim, group, query_length, q_dtype="f16"):
     return launch
 
 
-def choose_num_partitions(num_seqs, num_kv_heads, max_context, *, arch, head_dim=128, group=8, query_length=1,
-                          cu_count=None):
-    """The split-K partition count for a problem shape (1 = no split, no reduce).
+def choose_num_partitions_budget(num_seqs, num_kv_heads, max_context, *, arch, head_dim=128, group=8,
+                                 query_length=1, cu_count=None):
+    """The rule of thumb (the default before the timing model chose): the split-K partition count.
 
     Aims for ``WORKGROUPS_PER_CU × cu_count`` workgroups of the partial kernel while giving every
     partition at least ``MIN_TILES_PER_PARTITION`` 256-token tiles and keeping the partials'
@@ -145,6 +147,66 @@ def choose_num_partitions(num_seqs, num_kv_heads, max_context, *, arch, head_dim
     rows = group * query_length
     budget = int(PARTIAL_BYTES_BUDGET * tiles * 2 * TILE * head_dim // (rows * (head_dim + 2) * 4))
     parts = max(1, min(want, cap, budget, MAX_PARTITIONS))
+    per = -(-tiles // parts)
+    return -(-tiles // per)
+
+
+#: how ``choose_num_partitions`` decides by default: "model" (the timing model's table) or
+#: "budget" (the rule of thumb above)
+DEFAULT_POLICY = "model"
+
+
+@functools.lru_cache(maxsize=None)
+def partition_table():
+    """``pa_tile/data/partition_table.json``: the partition count the timing model
+    (``pa_tile.perf.model``) predicts fastest, per configuration and (sequences × KV heads, tiles)
+    grid point; written by ``scripts/partition_table.py``. MODEL PREDICTIONS, not measurements."""
+    import importlib.resources
+    import json
+
+    return json.loads((importlib.resources.files("pa_tile") / "data" / "partition_table.json").read_text())
+
+
+def _nearest(values, x):
+    """Index of the value nearest to ``x`` on a log scale."""
+    lx = math.log(max(x, 1e-9))
+    return min(range(len(values)), key=lambda i: abs(math.log(values[i]) - lx))
+
+
+def choose_num_partitions(num_seqs, num_kv_heads, max_context, *, arch, head_dim=128, group=8, query_length=1,
+                          cu_count=None, policy=None):
+    """The split-K partition count for a problem shape (1 = no split, no reduce).
+
+    ``policy`` (None: :data:`DEFAULT_POLICY`) ``"model"``: the timing model's choice, looked up in :func:`partition_table`
+    (no emulator, no model at plan time): the configuration sampled nearest to this one (same
+    arch; nearest head_dim, then query rows ``group × query_length``, then query length), the grid
+    point nearest on a log scale to ``num_seqs × num_kv_heads`` (scaled by the table's CU count
+    over ``cu_count``: the model sees workgroups per CU) and to the 256-token tiles of
+    ``max_context``; it keeps that point's tiles per partition, then rounds so the tiles split
+    evenly. ``policy="budget"``: :func:`choose_num_partitions_budget`, the earlier rule of thumb.
+    ``cu_count``: the device's (``pa_tile.backend.cu_count``); None takes the flagship part of
+    ``arch`` (``pa_tile.arch``).
+    """
+    policy = DEFAULT_POLICY if policy is None else policy
+    if policy == "budget":
+        return choose_num_partitions_budget(num_seqs, num_kv_heads, max_context, arch=arch, head_dim=head_dim,
+                                            group=group, query_length=query_length, cu_count=cu_count)
+    if policy != "model":
+        raise ValueError(f"policy: expected 'model' or 'budget', got {policy!r}")
+    if cu_count is None:
+        cu_count = _arch.info(arch).cu_count
+    _arch.check_arch(arch)
+    table = partition_table()
+    rows = group * query_length
+    configs = [c for c in table["configs"] if c["arch"] == arch]
+    c = min(configs, key=lambda c: (abs(math.log2(c["head_dim"] / head_dim)),
+                                    abs(math.log2(c["group"] * c["query_length"] / rows)),
+                                    abs(c["query_length"] - query_length)))
+    tiles = max(1, -(-max_context // TILE))
+    i = _nearest(table["seq_heads"], num_seqs * num_kv_heads * c["cu_count"] / max(1, cu_count))
+    j = _nearest(table["tiles"], tiles)
+    per = -(-table["tiles"][j] // c["best"][i][j])  # the grid point's tiles per partition
+    parts = max(1, min(-(-tiles // per), MAX_PARTITIONS))
     per = -(-tiles // parts)
     return -(-tiles // per)
 

@@ -1,0 +1,78 @@
+"""The default split-K partition count is the timing model's (``s6.choose_num_partitions``,
+looked up in ``pa_tile/data/partition_table.json``, written by ``scripts/partition_table.py``):
+pinned choices, the lookup's rules, and (in the emulator) that the table is the model's argmin."""
+
+import pytest
+
+from pa_tile import backend
+from pa_tile.perf import hw
+from pa_tile.stages import s6_split_k as s6
+
+ARCHS = ("gfx942", "gfx950")
+
+
+def test_table_covers_both_parts_and_says_what_it_is():
+    t = s6.partition_table()
+    assert "PREDICTIONS" in t["model"]
+    for arch, gpu in (("gfx942", "mi300x"), ("gfx950", "mi355x")):
+        configs = [c for c in t["configs"] if c["arch"] == arch]
+        assert configs and all(c["cu_count"] == hw.HARDWARE[gpu].compute_units for c in configs)
+        for c in configs:
+            assert len(c["best"]) == len(t["seq_heads"]) and all(len(r) == len(t["tiles"]) for r in c["best"])
+            assert all(1 <= p <= min(s6.MAX_PARTITIONS, tl) for r in c["best"] for p, tl in zip(r, t["tiles"]))
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_pinned_model_choices(arch):
+    # the shape the rule of thumb got most wrong: 3 sequences x 1027 tokens, 16 heads over 1 KV
+    # head, 4 query tokens (64 rows): the budget allowed no split (1); the model predicts one
+    # tile per partition (5) about 2x faster on MI300X (chapter 06)
+    assert s6.choose_num_partitions(3, 1, 1027, arch=arch, group=16, query_length=4) == 5
+    assert s6.choose_num_partitions(3, 1, 1027, arch=arch, group=16, query_length=4, policy="budget") == 1
+    # one long sequence on 8 KV heads: as many partitions as the kernel takes
+    assert s6.choose_num_partitions(1, 8, 32768, arch=arch) == 64
+    # nothing to split
+    assert s6.choose_num_partitions(1, 1, 256, arch=arch) == 1
+    assert s6.choose_num_partitions(1, 1, 1, arch=arch) == 1
+    # a big batch of short contexts: the grid is full, partials would only add bytes
+    assert s6.choose_num_partitions(1024, 8, 1024, arch=arch) == 1
+
+
+def test_fewer_cus_look_like_more_sequences():
+    """The table is per flagship part; a device with half the CUs is read at twice the
+    workgroups per CU."""
+    for n, ctx in ((8, 4096), (64, 16384), (3, 1027)):
+        assert (s6.choose_num_partitions(n, 1, ctx, arch="gfx942", cu_count=152)
+                == s6.choose_num_partitions(2 * n, 1, ctx, arch="gfx942"))
+
+
+def test_policy_is_checked():
+    with pytest.raises(ValueError, match="policy"):
+        s6.choose_num_partitions(1, 1, 1000, arch="gfx942", policy="fastest")
+    with pytest.raises(ValueError, match="arch"):
+        s6.choose_num_partitions(1, 1, 1000, arch="gfx90a")
+
+
+@pytest.mark.skipif(backend.current_backend() != "emu", reason="the model samples the kernel in the emulator")
+def test_table_is_the_models_argmin():
+    """At a few grid points of MI300X, head_dim 128, group 8: the table's pick is the fastest the
+    model predicts (larger counts must win by more than the table's MIN_GAIN)."""
+    from pa_tile.perf import model
+    from pa_tile.perf.roofline import DecodeShape
+
+    t = s6.partition_table()
+    c = next(c for c in t["configs"] if c["gpu"] == "mi300x" and c["head_dim"] == 128 and c["group"] == 8
+             and c["query_length"] == 1)
+    probe = DecodeShape(batch=1, context=1024, num_q_heads=8, num_kv_heads=1, head_dim=128, block_size=16)
+    smp = model.sample_stage("s6", probe, "gfx942")
+    for n, tiles in ((1, 16), (4, 5), (64, 64), (1024, 4)):
+        i, j = t["seq_heads"].index(n), t["tiles"].index(tiles)
+        shape = DecodeShape(batch=n, context=tiles * 256, num_q_heads=8, num_kv_heads=1, head_dim=128, block_size=16)
+        times = {}
+        for p in sorted({-(-tiles // -(-tiles // p)) for p in t["candidates"] if p <= tiles}):
+            times[p] = model.predict_stage("s6", shape, "mi300x", sample=smp, partitions=p).predicted_us
+        pick = 1
+        for p in sorted(times):
+            if times[p] < times[pick] * (1 - t["min_gain"]):
+                pick = p
+        assert c["best"][i][j] == pick, (n, tiles, times)
