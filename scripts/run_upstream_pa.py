@@ -56,7 +56,11 @@ CU_COUNT = {"gfx942": 304, "gfx950": 256}  # MI300X, MI355X
 # (17-token context: few, large weights); atol 0.1 + rtol 2^-4 keeps a margin over that while one
 # extra or missing token in a short context (|v|/L >= 0.2 at L <= 20) fails. The bf16 output adds
 # 2^-9 relative. The mean error bound (0.01) catches a small bias over many outputs.
+# A query row that sees few tokens gets no random-walk averaging: there the worst case is the bound,
+# 2 max|eta| max_t |v_t| per channel over the tokens it sees, with eta = 2^-4 (P) + 2^-5 (the
+# query's share, half a rounding step at these scales); applied to rows seeing <= FEW_TOKENS.
 TOLERANCE = dict(atol=0.1, rtol=2.0**-4, mean=0.01)
+FEW_TOKENS, FEW_ETA = 16, 2.0**-4 + 2.0**-5
 
 
 @dataclasses.dataclass(frozen=True)
@@ -185,13 +189,45 @@ def reference(case: Case, inp: Inputs):
     return ref.float()
 
 
-def compare(out, ref, tol=TOLERANCE):
-    """(ok, max error, mean error) of ``out`` against the float32 ``ref`` (NaN never passes)."""
+def few_token_bound(case: Case, inp: Inputs):
+    """Per-element worst-case bound for query rows that see <= FEW_TOKENS tokens (0 elsewhere):
+    ``2 FEW_ETA max_t |v_t|`` over the tokens the row sees, per channel (CPU float32, like ``ref``)."""
+    import torch
+
+    from pa_tile import cache
+
+    q_heads, kv_heads = case.num_heads
+    group, ql, bs = q_heads // kv_heads, case.query_length, case.block_size
+    per_row = case.quant == "per_token"
+    v = cache.fp8_decode(inp.v_logical.cpu())  # [nb, kvh, bs, d]
+    scale = inp.value_scale.cpu()
+    v = v * (scale if per_row else scale.reshape(1, 1, 1, 1))
+    sw = case.sliding_window + 1 if case.sliding_window else 0  # upstream's window: W + 1 tokens
+    bound = torch.zeros(len(case.context_lengths) * ql, q_heads, case.head_size)
+    for s, L in enumerate(case.context_lengths):
+        for i in range(ql):
+            pos = L - ql + i
+            first = max(0, pos - sw + 1) if sw else 0
+            if pos - first + 1 > FEW_TOKENS:
+                continue
+            toks = torch.arange(first, pos + 1)
+            pages = torch.tensor(inp.block_tables_list[s])[toks // bs]
+            vals = v[pages, :, toks % bs, :].abs().amax(dim=0)  # [kvh, d]
+            bound[s * ql + i] = 2 * FEW_ETA * vals.repeat_interleave(group, dim=0)
+    return bound
+
+
+def compare(out, ref, tol=TOLERANCE, few=None):
+    """(ok, max error, mean error) of ``out`` against the float32 ``ref`` (NaN never passes);
+    ``few``: the per-element few-token bound (``few_token_bound``), which widens the tolerance."""
     import torch
 
     out = out.float().cpu()
     err = (out - ref).abs()
-    bad = ~(err <= tol["atol"] + tol["rtol"] * ref.abs())  # NaN compares False: bad
+    limit = tol["atol"] + tol["rtol"] * ref.abs()
+    if few is not None:
+        limit = torch.maximum(limit, few)
+    bad = ~(err <= limit)  # NaN compares False: bad
     max_err = float("nan") if torch.isnan(err).any() else float(err.max())
     mean_err = float(err.nanmean())
     return (not bool(bad.any())) and mean_err <= tol["mean"], max_err, mean_err
@@ -296,7 +332,7 @@ def run_arch(root: Path, arch: str, keys: Sequence[str], lds_races: str) -> int:
                 failures += 1
             else:
                 out, inp = result
-                ok, max_err, mean_err = compare(out, reference(case, inp))
+                ok, max_err, mean_err = compare(out, reference(case, inp), few=few_token_bound(case, inp))
                 line = f"{'PASS' if ok else 'FAIL'} {label} (max err {max_err:.4f}, mean {mean_err:.5f})"
                 failures += not ok
             print(f"{line} [{dt:.0f}s]", flush=True)

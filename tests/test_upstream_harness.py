@@ -121,3 +121,15 @@ def test_script_refuses_a_path_that_is_not_a_flydsl_checkout(tmp_path):
                          timeout=60)
     assert res.returncode == 2
     assert "is not a FlyDSL checkout" in res.stderr and "kernels/attention/pa_decode_fp8.py" in res.stderr
+
+
+def test_few_token_bound_covers_only_rows_that_see_few_tokens(up):
+    case = _case(up, query_length=2, context_lengths=(40, 2), quant="per_tensor")
+    inp = up.make_inputs(case, "fnuz", device="cpu")
+    bound = up.few_token_bound(case, inp)
+    assert bound[:2].abs().max() == 0  # sequence 0's rows see 39 and 40 tokens: the atol regime
+    # sequence 1, row 0 sees one token (position 0): 2 eta |v_0| per channel
+    page = inp.block_tables_list[1][0]
+    v0 = cache.fp8_decode(inp.v_logical[page, 0, 0]).abs() * inp.value_scale
+    assert torch.allclose(bound[2, 0], 2 * up.FEW_ETA * v0)
+    assert torch.all(bound[3] >= bound[2])  # row 1 sees tokens 0 and 1
