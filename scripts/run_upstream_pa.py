@@ -59,7 +59,13 @@ CU_COUNT = {"gfx942": 304, "gfx950": 256}  # MI300X, MI355X
 # A query row that sees few tokens gets no random-walk averaging: there the worst case is the bound,
 # 2 max|eta| max_t |v_t| per channel over the tokens it sees, with eta = 2^-4 (P) + 2^-5 (the
 # query's share, half a rounding step at these scales); applied to rows seeing <= FEW_TOKENS.
+# Per-token scales: upstream folds each token's V scale into P before the fp8 cast
+# (P'_t = P_t vs_t FP8_MAX / max vs), so even an exact P (a single visible token) is rounded, by
+# up to 2^-4, and the normalization (by the unrounded sum) does not cancel it: a second rounding
+# of P's size, independent of the first, so the mean error grows by about sqrt(2): 0.015.
+# (Seen directly: one visible token, per-tensor error 0.006 = bf16 output, per-token 0.05.)
 TOLERANCE = dict(atol=0.1, rtol=2.0**-4, mean=0.01)
+TOLERANCE_PER_TOKEN = dict(TOLERANCE, mean=0.015)
 FEW_TOKENS, FEW_ETA = 16, 2.0**-4 + 2.0**-5
 
 
@@ -217,6 +223,10 @@ def few_token_bound(case: Case, inp: Inputs):
     return bound
 
 
+def tolerance(case: Case) -> dict:
+    return TOLERANCE_PER_TOKEN if case.quant == "per_token" else TOLERANCE
+
+
 def compare(out, ref, tol=TOLERANCE, few=None):
     """(ok, max error, mean error) of ``out`` against the float32 ``ref`` (NaN never passes);
     ``few``: the per-element few-token bound (``few_token_bound``), which widens the tolerance."""
@@ -230,7 +240,11 @@ def compare(out, ref, tol=TOLERANCE, few=None):
     bad = ~(err <= limit)  # NaN compares False: bad
     max_err = float("nan") if torch.isnan(err).any() else float(err.max())
     mean_err = float(err.nanmean())
-    return (not bool(bad.any())) and mean_err <= tol["mean"], max_err, mean_err
+    # the mean bound belongs to the random-walk regime: rows under the few-token bound are out of it
+    walk = err if few is None else err[few.flatten(1).amax(dim=1) == 0]
+    walk_mean = float(walk.mean()) if walk.numel() else 0.0
+    ok = not bool(bad.any()) and not math.isnan(walk_mean) and walk_mean <= tol["mean"]
+    return ok, max_err, mean_err
 
 
 # ----------------------------------------------------------------------------- running upstream
@@ -300,9 +314,10 @@ def run_arch(root: Path, arch: str, keys: Sequence[str], lds_races: str) -> int:
             t0 = time.time()
             findings: List[str] = []
             result = None
+            interleaved = None
             for policy in ([lds_races] if lds_races == "warn" else ["raise", "warn"]):
                 try:
-                    with warnings.catch_warnings(record=True) as caught, \
+                    with warnings.catch_warnings(record=True) as caught, launch.record_launches() as log, \
                             launch.launch_options(lds_races=policy):
                         warnings.simplefilter("always")
                         out = run_case(case, arch)
@@ -310,6 +325,11 @@ def run_arch(root: Path, arch: str, keys: Sequence[str], lds_races: str) -> int:
                         if "race" in str(w.message).lower():
                             findings.append(f"LDS race (warned): {str(w.message).splitlines()[0][:300]}")
                     result = out
+                    if any(f.startswith("LDS race") for f in findings):
+                        # run-to-barrier makes a race one definite (possibly wrong) answer; waves
+                        # interleaved instruction by instruction are closer to a CU: compare that too
+                        with launch.launch_options(lds_races="off", quantum=1):
+                            interleaved = run_case(case, arch)
                     break
                 except Exception as e:  # noqa: BLE001 - report and go on
                     root_e = e
@@ -317,7 +337,8 @@ def run_arch(root: Path, arch: str, keys: Sequence[str], lds_races: str) -> int:
                         root_e = root_e.__cause__
                     name = type(root_e).__name__
                     if name == "LdsRaceError":
-                        findings.append(f"LDS race (raised): {_first_line(root_e)}")
+                        kernel = log[-1].kernel if log else "?"
+                        findings.append(f"LDS race (raised) in {kernel}: {_first_line(root_e)}")
                         continue
                     if isinstance(root_e, memory.MemoryFault):
                         findings.append(f"out-of-bounds: {_first_line(root_e)}")
@@ -332,9 +353,14 @@ def run_arch(root: Path, arch: str, keys: Sequence[str], lds_races: str) -> int:
                 failures += 1
             else:
                 out, inp = result
-                ok, max_err, mean_err = compare(out, reference(case, inp), few=few_token_bound(case, inp))
+                ok, max_err, mean_err = compare(out, reference(case, inp), tolerance(case),
+                                                few=few_token_bound(case, inp))
                 line = f"{'PASS' if ok else 'FAIL'} {label} (max err {max_err:.4f}, mean {mean_err:.5f})"
                 failures += not ok
+                if interleaved is not None:
+                    o2, i2 = interleaved
+                    ok2, m2, _ = compare(o2, reference(case, i2), tolerance(case), few=few_token_bound(case, i2))
+                    line += f"; with quantum=1: {'PASS' if ok2 else 'FAIL'} (max err {m2:.4f})"
             print(f"{line} [{dt:.0f}s]", flush=True)
             for f in dict.fromkeys(findings):
                 print(f"    sanitizer: {f}", flush=True)
