@@ -80,14 +80,16 @@ class Case:
     context_lengths: tuple
     sliding_window: int = 0
     head_size: int = 128
+    trans_v: bool = True  # V in [nb, kvh, bs/16, d, 16] (upstream's shuffle), else [nb, kvh, d, bs]
     seed: int = 123
 
     @property
     def label(self) -> str:
         q, kv = self.num_heads
         sw = f" sw={self.sliding_window}" if self.sliding_window else ""
+        extra = (f" d={self.head_size}" if self.head_size != 128 else "") + ("" if self.trans_v else " v=plain")
         return (f"{self.path} heads={q}/{kv} ql={self.query_length} bs={self.block_size} {self.quant} "
-                f"ctx={list(self.context_lengths)}{sw}")
+                f"ctx={list(self.context_lengths)}{sw}{extra}")
 
 
 def build_cases() -> List[Case]:
@@ -114,15 +116,25 @@ def build_cases() -> List[Case]:
         for ql in (1, 2, 3, 4):
             quant = ("per_tensor", "per_token")[ql % 2]
             cases.append(Case("split", heads, ql, 64, quant, (300, 65)))
+    # head_dim 256 and the plain V layout (trans_v=False), both in test_normal_accuracy's grid
+    for ql, quant in ((1, "per_tensor"), (4, "per_token")):
+        cases.append(Case("split", (8, 1), ql, 16, quant, (257, 40, ql + 1), head_size=256))
+        cases.append(Case("split", (16, 1), ql, 64, quant, (300, 65, ql), trans_v=False))
     # 12 q heads per KV head: not in test_pa.py's grid, but the configuration issue 13 found
     # v_mul_lo_u16 in (query_length 3-4); two KV heads
     for ql in (3, 4):
         cases.append(Case("split", (24, 2), ql, 16, "per_token", (100, 33)))
     cases.append(Case("metadata", (16, 1), 1, 1024, "per_tensor", (1027, 300, 5)))
     cases.append(Case("metadata", (16, 1), 4, 1024, "per_token", (1027, 300, 5)))
+    # beyond test_metadata_accuracy: 8 heads, query lengths 2-3, sequences of several pages
+    cases.append(Case("metadata", (8, 1), 2, 1024, "per_token", (2100, 700, 3)))
+    cases.append(Case("metadata", (16, 1), 3, 1024, "per_tensor", (4100, 9)))
     for heads in ((8, 1), (16, 1)):
         for ql in (1, 2, 3, 4):
             cases.append(Case("sliding", heads, ql, 1024, "per_token", (1100, 400), sliding_window=1023))
+    # beyond test_sliding_window_accuracy: per-tensor scales, a window shorter than a partition
+    cases.append(Case("sliding", (16, 1), 1, 1024, "per_tensor", (1100, 400), sliding_window=1023))
+    cases.append(Case("sliding", (8, 1), 2, 1024, "per_token", (1500, 90), sliding_window=100))
     return cases
 
 
@@ -135,7 +147,7 @@ class Inputs:
     k_logical: "object"  # [nb, kvh, bs, d] fp8 (for the reference)
     v_logical: "object"
     key_cache: "object"  # [nb, kvh, d//16, bs, 16] fp8 (upstream's K layout)
-    value_cache: "object"  # [nb, kvh, bs//16, d, 16] fp8 (upstream's trans_v layout)
+    value_cache: "object"  # [nb, kvh, bs//16, d, 16] fp8 (trans_v), else [nb, kvh, d, bs]
     key_scale: "object"  # per tensor [1], per token [nb, kvh, bs, 1] (as pertoken_quant returns)
     value_scale: "object"
     block_tables: "object"  # [batch, max_blocks] int32
@@ -172,7 +184,7 @@ def make_inputs(case: Case, fmt: str, device: str = "cuda") -> Inputs:
     flat = [p for row, n in zip(tables, pages) for p in row[:n]]
     return Inputs(
         query=query, k_logical=k8, v_logical=v8,
-        key_cache=cache.to_k_blocked(k8), value_cache=cache.to_v_trans_blocked(v8),
+        key_cache=cache.to_k_blocked(k8), value_cache=cache.to_v_trans_blocked(v8) if case.trans_v else cache.to_v_plain(v8),
         key_scale=ks.unsqueeze(-1) if per_row else ks, value_scale=vs.unsqueeze(-1) if per_row else vs,
         block_tables=torch.tensor(tables, dtype=torch.int32, device=device), block_tables_list=tables,
         context_lengths=ctx, kv_page_indices=torch.tensor(flat, dtype=torch.int32, device=device),

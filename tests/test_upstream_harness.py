@@ -107,11 +107,14 @@ def test_case_matrix_covers_upstreams_grid(up):
     assert {c.query_length for c in split} == {1, 2, 3, 4}
     assert {c.num_heads for c in split} >= {(8, 1), (16, 1), (4, 1)}
     assert {c.quant for c in split} == {"per_tensor", "per_token"} and {c.block_size for c in split} == {16, 64}
+    assert {c.head_size for c in split} == {128, 256} and {c.trans_v for c in split} == {True, False}
     meta = [c for c in cases if c.path == "metadata"]
-    assert {(c.query_length, c.quant) for c in meta} == {(1, "per_tensor"), (4, "per_token")}
+    assert {(c.query_length, c.quant) for c in meta} >= {(1, "per_tensor"), (4, "per_token")}  # test_pa's two
     assert all(c.block_size == 1024 for c in meta)
     sw = [c for c in cases if c.path == "sliding"]
-    assert {c.query_length for c in sw} == {1, 2, 3, 4} and all(c.sliding_window == 1023 for c in sw)
+    assert {c.query_length for c in sw} == {1, 2, 3, 4} and all(c.block_size == 1024 for c in sw)
+    assert {(c.num_heads, c.query_length) for c in sw if c.sliding_window == 1023 and c.quant == "per_token"} >= {
+        (h, ql) for h in ((8, 1), (16, 1)) for ql in (1, 2, 3, 4)}  # test_sliding_window_accuracy's grid
     for c in cases:  # every context holds its queries
         assert min(c.context_lengths) >= c.query_length
 
