@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
-import os
 import random
 import subprocess
 import sys
@@ -184,7 +183,8 @@ def make_inputs(case: Case, fmt: str, device: str = "cuda") -> Inputs:
     flat = [p for row, n in zip(tables, pages) for p in row[:n]]
     return Inputs(
         query=query, k_logical=k8, v_logical=v8,
-        key_cache=cache.to_k_blocked(k8), value_cache=cache.to_v_trans_blocked(v8) if case.trans_v else cache.to_v_plain(v8),
+        key_cache=cache.to_k_blocked(k8),
+        value_cache=cache.to_v_trans_blocked(v8) if case.trans_v else cache.to_v_plain(v8),
         key_scale=ks.unsqueeze(-1) if per_row else ks, value_scale=vs.unsqueeze(-1) if per_row else vs,
         block_tables=torch.tensor(tables, dtype=torch.int32, device=device), block_tables_list=tables,
         context_lengths=ctx, kv_page_indices=torch.tensor(flat, dtype=torch.int32, device=device),
@@ -310,8 +310,6 @@ def _first_line(e: BaseException) -> str:
 
 
 def run_arch(root: Path, arch: str, keys: Sequence[str], lds_races: str) -> int:
-    import torch
-
     from pa_tile import backend, toolchain
     from pa_tile.emu import device, launch, memory
 
