@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import types
+import weakref
 from typing import Any, Optional
 
 import torch
@@ -32,7 +33,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map
 
 __all__ = ["DeviceTensor", "simulated_device", "enter", "exit", "active", "to_host", "is_device_tensor",
-           "NoDeviceClock"]
+           "NoDeviceClock", "allocation_containing"]
 
 DEVICE = torch.device("cuda", 0)
 _CPU = torch.device("cpu")
@@ -63,6 +64,7 @@ class DeviceTensor(torch.Tensor):
         # torch's C++ side sees a storage-less CPU tensor (a CPU-only torch has no device guard for
         # cuda, and scalars it wraps into tensors must keep their values); Python sees cuda:0
         t.host = host
+        _remember(host)
         return t
 
     @property
@@ -101,6 +103,30 @@ class DeviceTensor(torch.Tensor):
     def __repr__(self, *, tensor_contents=None) -> str:
         text = repr(self.host)
         return text[:-1] + f", device='{self.device}')" if text.endswith(")") else text
+
+
+# Live device memory, for raw-pointer launches: the host tensor of every live device tensor, by id
+# (a weak reference each; an id-keyed dict, since tensors compare element-wise).
+_LIVE: dict = {}
+
+
+def _remember(host: torch.Tensor) -> None:
+    key = id(host)
+    _LIVE[key] = weakref.ref(host, lambda _ref, key=key: _LIVE.pop(key, None))
+
+
+def allocation_containing(address: int) -> Optional[tuple]:
+    """``(base, nbytes)`` of the live device allocation (a device tensor's storage) holding
+    *address*, or None: what a raw ``data_ptr()`` handed to a launch may reach, as on a GPU."""
+    for ref in list(_LIVE.values()):
+        host = ref()
+        if host is None:
+            continue
+        storage = host.untyped_storage()
+        base, nbytes = storage.data_ptr(), storage.nbytes()
+        if nbytes and base <= address < base + nbytes:
+            return base, nbytes
+    return None
 
 
 def is_device_tensor(t: Any) -> bool:

@@ -461,6 +461,30 @@ def tensor_regions(values: Dict[str, Any], bounds: str = "view") -> List[Region]
     return [(base, nbytes, "|".join(names)) for (base, nbytes), names in found.items()]
 
 
+def pointer_regions(values: Dict[str, Any]) -> List[Region]:
+    """Allowed regions of raw ``data_ptr()`` integers among *values* while a simulated device
+    (``pa_tile.emu.device``) is active: each integer that points into a live device allocation
+    allows that allocation, whole (a raw pointer carries no view), named after the argument.
+    Without a simulated device, raw-pointer kernels name their memory with ``launch_options(regions=)``."""
+    dev = sys.modules.get("pa_tile.emu.device")
+    if dev is None or dev.active() is None:
+        return []
+    found: Dict[Tuple[int, int], List[str]] = {}
+
+    def visit(value: Any, name: str, depth: int) -> None:
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0xFFFF:
+            span = dev.allocation_containing(value)
+            if span is not None:
+                found.setdefault(span, []).append(f"{name} (pointer)")
+        elif isinstance(value, (tuple, list)) and depth < 2:
+            for i, v in enumerate(value):
+                visit(v, f"{name}[{i}]", depth + 1)
+
+    for name, value in values.items():
+        visit(value, name, 0)
+    return [(base, nbytes, "|".join(names)) for (base, nbytes), names in found.items()]
+
+
 def _storage_span(t: Any) -> Optional[Tuple[int, int]]:
     storage = t.untyped_storage()
     nbytes = storage.nbytes()
@@ -903,7 +927,11 @@ def _tracked_call(call: Callable[[], Any], what: str, named: Callable[[], Dict[s
         return call()
     host_only = _local.options.get("execute") == "host"
     # execute="host": no region walk here and none at the launch: only what a GPU's host does runs
-    regions = [] if host_only else tensor_regions(named(), _local.options.get("bounds", "view"))
+    if host_only:
+        regions = []
+    else:
+        values = named()
+        regions = tensor_regions(values, _local.options.get("bounds", "view")) + pointer_regions(values)
     ctx = _CallContext(name=what, regions=regions)
     _local.call = ctx
     try:

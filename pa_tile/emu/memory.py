@@ -492,6 +492,20 @@ def _live(rsrc, mask, nbytes, kw):
     return addrs, in_range & mask[:, None]
 
 
+def _check_derived(mem, rsrc, addrs, live, nbytes: int, origin: str, what: str) -> None:
+    """The provenance check of the bytes a MUBUF access really touches: its in-range dwords only
+    (an out-of-range dword of a partly in-range access reads 0 / is dropped, so it touches nothing)."""
+    if not hasattr(mem, "check_derived"):
+        return
+    touched = live.any(axis=1)
+    if (live.all(axis=1) == touched).all():  # every touched lane whole: one check
+        mem.check_derived(rsrc.base, addrs, touched, nbytes, origin, what)
+        return
+    for k, (s, n) in enumerate(_pieces(nbytes)):
+        if live[:, k].any():
+            mem.check_derived(rsrc.base, addrs + np.uint64(s), live[:, k], n, origin, what)
+
+
 def buffer_load(mem: GlobalMemory, rsrc: BufferResource, mask, nbytes: int, *, vaddr_offset=None,
                 vaddr_index=None, soffset: int = 0, inst_offset: int = 0, offen: bool = False,
                 idxen: bool = False, origin: str = "") -> BufferAccess:
@@ -500,8 +514,7 @@ def buffer_load(mem: GlobalMemory, rsrc: BufferResource, mask, nbytes: int, *, v
     addrs, live = _live(rsrc, mask, nbytes, dict(
         vaddr_offset=vaddr_offset, vaddr_index=vaddr_index, soffset=soffset,
         inst_offset=inst_offset, offen=offen, idxen=idxen))
-    if hasattr(mem, "check_derived"):
-        mem.check_derived(rsrc.base, addrs, live.any(axis=1), nbytes, origin, "load")
+    _check_derived(mem, rsrc, addrs, live, nbytes, origin, "load")
     full = live.all(axis=1)
     if (full == mask).all():
         data = mem.load(addrs, mask, nbytes, origin)
@@ -523,8 +536,7 @@ def buffer_store(mem: GlobalMemory, rsrc: BufferResource, mask, data, *, vaddr_o
     addrs, live = _live(rsrc, mask, nbytes, dict(
         vaddr_offset=vaddr_offset, vaddr_index=vaddr_index, soffset=soffset,
         inst_offset=inst_offset, offen=offen, idxen=idxen))
-    if hasattr(mem, "check_derived"):
-        mem.check_derived(rsrc.base, addrs, live.any(axis=1), nbytes, origin, "store")
+    _check_derived(mem, rsrc, addrs, live, nbytes, origin, "store")
     full = live.all(axis=1)
     if (full == mask).all():
         mem.store(addrs, mask, data, origin)
