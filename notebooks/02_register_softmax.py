@@ -53,13 +53,13 @@ from pa_tile.arch import ARCHS, fp8_format
 #
 # | helper | instruction | why here |
 # |---|---|---|
-# | `_buffer_load` | `buffer_load_dword[x4]` | per-lane byte offset (VGPR) + per-wave offset (SGPR) + 12-bit immediate; K and V rows are 16 bytes per lane |
-# | `_scalar_load` | `s_buffer_load_dword` | context length and scales: one value per wave |
-# | `_uniform` | `v_readfirstlane_b32` | tells the compiler the wave index is wave-uniform, so everything derived from it is scalar |
-# | `_xor_lanes` | `ds_swizzle` / `ds_bpermute` (gfx942), `v_permlane*_swap` (gfx950) | the butterfly step of a reduction across lanes |
-# | `_mfma` | `v_mfma_f32_16x16x32_fp8_fp8` | 16×16 output, K = 32 fp8 per step |
-# | `_pack_fp8` | `v_cvt_pk_fp8_f32` ×2 | four f32 → one dword of fp8 codes (the format is the arch's) |
-# | `_lds_load` / `_lds_store` | `ds_read_b128` / `ds_write_b128` | the final merge only |
+# | `buffer_load` | `buffer_load_dword[x4]` | per-lane byte offset (VGPR) + per-wave offset (SGPR) + 12-bit immediate; K and V rows are 16 bytes per lane |
+# | `scalar_load` | `s_buffer_load_dword` | context length and scales: one value per wave |
+# | `uniform` | `v_readfirstlane_b32` | tells the compiler the wave index is wave-uniform, so everything derived from it is scalar |
+# | `xor_lanes` | `ds_swizzle` / `ds_bpermute` (gfx942), `v_permlane*_swap` (gfx950) | the butterfly step of a reduction across lanes |
+# | `mfma` | `v_mfma_f32_16x16x32_fp8_fp8` | 16×16 output, K = 32 fp8 per step |
+# | `pack_fp8` | `v_cvt_pk_fp8_f32` ×2 | four f32 → one dword of fp8 codes (the format is the arch's) |
+# | `lds_load` / `lds_store` | `ds_read_b128` / `ds_write_b128` | the final merge only |
 
 # %% tags=["export"]
 """Stage 2: fp8 paged-attention decode with a register-resident softmax.
@@ -88,7 +88,8 @@ from pa_tile import launching, problem
 from pa_tile.arch import fp8_max, fp8_torch_dtype
 from pa_tile.kernel_lib import (
     HEAD_DIM, LOG2E, MASKED, SPAN, TILE, WAVE, WAVES, Pages, imin, jit_launcher, lane_coords, mask_tail,
-    merge_waves, pv_step, query_operands, rsrc, scalar_load, scores, softmax_step, store_chunks,
+    merge_waves, pv_step, query_operands, rsrc, scalar_load, scores, softmax_model, softmax_step, store_chunks,
+    model_operands,
 )
 
 __all__ = ["paged_decode", "build_launcher", "launch_args", "kernel_args", "numerics_model", "LIMITS", "Shared",
@@ -146,7 +147,7 @@ source(kernel_lib.rsrc, kernel_lib.buffer_load, kernel_lib.scalar_load, kernel_l
 #
 # The query is quantized per head: each lane loads 32 of its head's 128 f16 values (the same
 # channels its K loads cover), the four lanes of a head agree on `amax` with two
-# `_xor_lanes` steps, and `q_scale = amax / FP8_MAX` is folded into the score scale.
+# `xor_lanes` steps, and `q_scale = amax / FP8_MAX` is folded into the score scale.
 
 # %% [markdown]
 # The same fragments drawn out: the number in a cell is the lane that holds it. A lane's
@@ -158,6 +159,13 @@ plt.show()
 
 # %%
 source(kernel_lib.query_operands, kernel_lib.quantize_query)
+
+# %% [markdown]
+# With K and Q in these registers, the turned-around Q·Kᵀ of a tile is four token chunks of
+# four MFMAs each (two k-steps per channel half), `scores`:
+
+# %%
+source(kernel_lib.scores)
 
 # %% [markdown]
 # ## Where the bytes come from
@@ -179,6 +187,13 @@ source(kernel_lib.query_operands, kernel_lib.quantize_query)
 #
 # Pages past the sequence's last page are clamped to the last page: their tokens are masked
 # anyway, and the kernel never reads a block-table entry the sequence does not own.
+#
+# `Pages` holds this addressing: the per-lane offsets (fixed for the loop), the per-wave
+# scalar offsets of the d-chunks, and the loads. Its two strides (`k_row`, `k_chunk`) and the
+# V-layout flag are what chapter 4's blocked layouts change.
+
+# %%
+source(kernel_lib.Pages)
 
 # %% [markdown]
 # ## The online softmax, per wave and in registers
@@ -196,7 +211,10 @@ source(kernel_lib.query_operands, kernel_lib.quantize_query)
 # ```
 #
 # Scaling P by `FP8_MAX` before rounding it to fp8 spends the format's full range on it; the
-# factor cancels in `O / l`. The max needs its cross-lane steps every tile (all lanes of a
+# factor cancels in `O / l`. The shift carries one more term, a margin of `|m_new|·2^-21`
+# (`exp_shift`): the max is rounded once while each exponent is one fused multiply-add, so
+# without it the top P of a row with very large scores could land a hair past `FP8_MAX`,
+# which the fp8 conversion turns into NaN. The max needs its cross-lane steps every tile (all lanes of a
 # head must use the same `m` in one MFMA); the sum does not.
 #
 # Only the last tile can hold tokens past the context. There the raw scores become `-inf`
@@ -211,7 +229,7 @@ figures.softmax_butterfly(head=0)
 plt.show()
 
 # %%
-source(kernel_lib.mask_tail, kernel_lib.tree_sum, kernel_lib.softmax_step)
+source(kernel_lib.mask_tail, kernel_lib.zero_tail_v, kernel_lib.tree_sum, kernel_lib.exp_shift, kernel_lib.softmax_step)
 
 # %% [markdown]
 # ## P·V straight from registers
@@ -251,7 +269,7 @@ source(kernel_lib.pv_step)
 # tokens) keeps `m_w = MASKED` and `l_w = 0`: its weight `2^(MASKED - m)` is 0 and it drops out.
 
 # %%
-source(kernel_lib.merge_waves)
+source(kernel_lib.merge_waves, kernel_lib.exchange, kernel_lib.store_chunks)
 
 # %% [markdown]
 # ## The kernel, in three pieces
@@ -288,7 +306,7 @@ class Workgroup:
         k_scale = scalar_load(key_scale, 0).bitcast(fx.Float32)
         self.v_scale = scalar_load(value_scale, 0).bitcast(fx.Float32)
         self.head0 = head0 = seq * (num_kv_heads * G) + kvh * G  # first query row of this group
-        self.q_ops, q_scale = query_operands(q_rs, (head0 + imin(col, G - 1)) * (HEAD_DIM * 2), col < G, fp8_max, grp)
+        self.q_ops, q_scale = query_operands(q_rs, (head0 + imin(col, G - 1)) * HEAD_DIM, col < G, fp8_max, grp)
         self.c_qk = q_scale * k_scale * scale_log2
         last_page = (ctx - 1) // block_size
         self.num_tiles = (ctx + (TILE - 1)) // TILE
@@ -427,6 +445,16 @@ def paged_decode(query, key_cache, value_cache, block_tables, context_lengths, k
 # scores in log2 units, a separate online softmax per wave over its 64 tokens of each tile,
 # P scaled by `FP8_MAX` and rounded to fp8, the sum over unrounded P, the 4-way merge.
 # The kernel must match it up to float32 summation order and f16 output rounding.
+#
+# "In the same places" includes how each exponent is formed: the kernel computes `s·c - shift`
+# as one fma, so the model computes it with one rounding too (in float64, where the product of
+# two floats is exact), not `s·c` rounded and then shifted. The two differ by up to an ulp of
+# the row max, which is enough to flip the fp8 code of a heavy token's P now and then. The
+# per-wave softmax and the merge are the library's `softmax_model`, which chapter 4's model
+# shares:
+
+# %%
+source(kernel_lib.model_operands, kernel_lib.softmax_model)
 
 # %% tags=["export"]
 def numerics_model(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale, *,
@@ -437,38 +465,16 @@ def numerics_model(query, key_cache, value_cache, block_tables, context_lengths,
     scale = 1.0 / math.sqrt(HEAD_DIM) if softmax_scale is None else float(softmax_scale)
     ks, vs = float(torch.as_tensor(key_scale).reshape(())), float(torch.as_tensor(value_scale).reshape(()))
     num_seqs, num_q_heads, _ = query.shape
-    _, kvh, bs, _ = key_cache.shape
+    kvh = key_cache.shape[1]
     group = num_q_heads // kvh
     kc = key_cache.view(torch.uint8).view(fp8).float()
     vc = value_cache.view(torch.uint8).view(fp8).float().transpose(2, 3)  # -> [blocks, kvh, bs, 128]
     out = torch.empty(num_seqs, num_q_heads, HEAD_DIM)
     for s in range(num_seqs):
-        n = int(context_lengths[s])
-        pages = block_tables[s, : -(-n // bs)].long()
-        k = kc[pages].permute(1, 0, 2, 3).reshape(kvh, -1, HEAD_DIM)[:, :n]
-        v = vc[pages].permute(1, 0, 2, 3).reshape(kvh, -1, HEAD_DIM)[:, :n]
         q = query[s].float().reshape(kvh, group, HEAD_DIM)
-        amax = q.abs().amax(-1, keepdim=True).clamp_min(1e-20)
-        q8 = (q * (fmax / amax)).to(fp8).float()
-        # the kernel's float32 order: (amax * f32(1/fmax)) * ks * f32(scale * log2 e)
-        x = torch.einsum("hgd,htd->hgt", q8, k) * ((amax * (1.0 / fmax)) * ks * (scale * LOG2E))
-        m = torch.full((kvh, group, WAVES), MASKED)
-        l = torch.zeros(kvh, group, WAVES)
-        o = torch.zeros(kvh, group, WAVES, HEAD_DIM)
-        for t0 in range(0, n, TILE):
-            for w in range(WAVES):
-                lo, hi = t0 + w * SPAN, min(t0 + (w + 1) * SPAN, n)
-                if hi <= lo:
-                    continue
-                xw = x[..., lo:hi]
-                m_new = torch.maximum(m[..., w], xw.amax(-1))
-                corr = torch.exp2(m[..., w] - m_new)
-                p = torch.exp2(xw - (m_new - math.log2(fmax))[..., None])
-                l[..., w] = l[..., w] * corr + p.sum(-1)
-                o[..., w, :] = o[..., w, :] * corr[..., None] + p.to(fp8).float() @ v[:, lo:hi]
-                m[..., w] = m_new
-        f = torch.exp2(m - m.amax(-1, keepdim=True))
-        res = (o * f[..., None]).sum(2) / (l * f).sum(-1)[..., None] * vs
+        q8, q_scale, k, v, _ = model_operands(q, kc, vc, block_tables[s], int(context_lengths[s]), fmax, fp8)
+        c_qk = q_scale * ks * (scale * LOG2E)  # the kernel's float32 order
+        res = softmax_model(torch.einsum("hgd,htd->hgt", q8, k), c_qk, v, fmax, fp8) * vs
         out[s] = res.reshape(num_q_heads, HEAD_DIM)
     return out
 

@@ -136,7 +136,7 @@ for raw in (False, True):
 # Eight `buffer_load_ushort` per lane instead of one `buffer_load_dwordx4`. The loads are
 # lowered one element at a time and nothing downstream widens them. The fix is to ask for
 # the width explicitly: a raw 4-dword load, then a bitcast of the `vector<4xi32>` to
-# `vector<8xf16>`, which costs no instruction. `_query_operands` (chapter 2) does exactly
+# `vector<8xf16>`, which costs no instruction. `query_operands` (chapter 2) does exactly
 # that, four `dwordx4` per lane.
 #
 # ## The kernel

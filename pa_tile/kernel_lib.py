@@ -18,6 +18,9 @@ Everything here runs while FlyDSL traces a kernel (inside ``@flyc.kernel``); not
 """
 
 import inspect
+import math
+
+import torch
 
 import flydsl.compiler as flyc
 import flydsl.expr as fx
@@ -31,8 +34,8 @@ __all__ = [
     "ir_value", "rsrc", "buffer_load", "buffer_store", "scalar_load", "uniform", "select", "imin", "imax",
     "fmax", "exp2", "rcp", "xor_lanes", "pack_fp8", "i64", "mfma", "splat4", "lds_ptr", "lds_store",
     "lds_load", "tree_sum", "lane_coords",
-    "Pages", "query_operands", "quantize_query", "scores", "zero_tail_v", "mask_tail", "softmax_step", "pv_step",
-    "exchange", "merge_waves", "store_chunks", "jit_launcher",
+    "Pages", "query_operands", "quantize_query", "scores", "zero_tail_v", "mask_tail", "exp_shift", "softmax_step",
+    "pv_step", "exchange", "merge_waves", "store_chunks", "jit_launcher", "model_operands", "softmax_model",
 ]
 
 WAVE = 64  # lanes per wave on CDNA
@@ -183,7 +186,7 @@ class Pages:
     def __init__(self, bt_rs, k_rs, v_rs, bt_row, last_page, kvh, num_kv_heads, wave, col, grp, *,
                  block_size, head_dim=HEAD_DIM, k_blocked=False, v_trans=False):
         self.bt_rs, self.k_rs, self.v_rs, self.bt_row, self.last_page = bt_rs, k_rs, v_rs, bt_row, last_page
-        self.kvh, self.num_kv_heads, self.wave = kvh, num_kv_heads, wave
+        self.kvh, self.num_kv_heads, self.wave, self.col, self.grp = kvh, num_kv_heads, wave, col, grp
         self.bs, self.nh, self.nch = block_size, head_dim // 64, head_dim // 16
         self.pps = SPAN // block_size  # pages per wave span: 4 (block 16) or 1 (block 64)
         self.page_bytes = block_size * head_dim
@@ -234,17 +237,17 @@ class Pages:
         return fx.Vector.from_elements(words, dtype=fx.Int32)
 
 
-def query_operands(q_rs, row_byte, valid, fp8_max, grp, halves=2, dtype=fx.Float16):
+def query_operands(q_rs, row_elem, valid, fp8_max, grp, halves=2, dtype=fx.Float16):
     """Load, quantize and pack this lane's share of one query row as the B operands of Q·Kᵀ.
 
     Returns ``(ops, q_scale)``: ``ops[2h + half]`` holds channels ``16(grp + 4h) + 8·half .. +8``
-    of the row at byte ``row_byte`` (``halves`` = head_dim // 64; 16-bit values of ``dtype``) as
-    fp8 codes, zeros where ``valid`` is false (padding rows).
+    of the row starting at element ``row_elem`` (``halves`` = head_dim // 64; 16-bit values of
+    ``dtype``) as fp8 codes, zeros where ``valid`` is false (padding rows).
     """
     vals = []
     for h in range_constexpr(halves):
         for half in range_constexpr(2):
-            v = buffer_load(q_rs, row_byte + 32 * (grp + 4 * h), 4, offset=16 * half)
+            v = buffer_load(q_rs, (row_elem + 16 * (grp + 4 * h)) * 2, 4, offset=16 * half)
             vals.append(v.bitcast(dtype).to(fx.Float32))
     return quantize_query(vals, valid, fp8_max)
 
@@ -312,6 +315,19 @@ def tree_sum(xs):
     return xs[0]
 
 
+def exp_shift(m_new, log2_fp8_max):
+    """What P's exponent subtracts, ``p = 2^(s·c - shift)``: ``m_new - log2 FP8_MAX`` (the largest
+    P lands on FP8_MAX, the format's whole range spent on P) and a margin of ``|m_new|·2^-21``.
+
+    The row max is rounded once (max(s)·c), each exponent s·c - shift is fused into one fma;
+    they differ by up to an ulp of |m_new|, so at large scores (|m_new| ~ 1e4) the top P could
+    land past FP8_MAX, which the fp8 conversion turns into NaN. The margin, 4 such ulps, keeps it
+    at or under FP8_MAX (one fma per row and tile; P loses a factor 2^-(|m_new|·2^-21), common
+    to the row's P of the tile and cancelled by the normalization up to that factor's change
+    from tile to tile, a relative 2^-21·|Δm|)."""
+    return m_new - log2_fp8_max + fx.Float32(fx.absf(m_new)) * (2.0 ** -21)
+
+
 def softmax_step(s, m_old, l_old, c_qk, log2_fp8_max, p_weight=None):
     """One tile of the online softmax for this lane's 16 raw scores ``s``.
 
@@ -327,7 +343,7 @@ def softmax_step(s, m_old, l_old, c_qk, log2_fp8_max, p_weight=None):
     m_tile = fmax(m_tile, xor_lanes(m_tile, 32))
     m_new = fmax(m_old, m_tile)
     corr = exp2(m_old - m_new)
-    shift = m_new - log2_fp8_max
+    shift = exp_shift(m_new, log2_fp8_max)
     p = [exp2(fx.Float32(s[i]) * c_qk - shift) for i in range_constexpr(16)]
     l_new = l_old * corr + tree_sum(p)
     if const_expr(p_weight is not None):
@@ -434,3 +450,59 @@ def jit_launcher(body, grid_yz=None, contract=True):
 
     launch.__signature__ = inspect.Signature(params + [stream])
     return flyc.jit(launch)
+
+
+# ---------------------------------------------------------------------------------------------
+# the host-side model of the building blocks' roundings
+
+
+def model_operands(query_rows, kc, vc, block_row, n, fp8_max, fp8_dtype):
+    """One sequence's operands as the kernel sees them, for the torch models: ``(q8, q_scale, k,
+    v, pages)``: the query rows ``[kvh, group, d]`` quantized to fp8 per row by their amax, the
+    float32 dequantization scale ``amax · f32(1/FP8_MAX)`` (the kernel's order), K and V of the
+    sequence's first ``n`` tokens ``[kvh, n, d]`` from decoded caches ``[blocks, kvh, block, d]``,
+    and the page ids read."""
+    kvh, bs, d = kc.shape[1], kc.shape[2], kc.shape[3]
+    pages = block_row[: -(-n // bs)].long()
+    k = kc[pages].permute(1, 0, 2, 3).reshape(kvh, -1, d)[:, :n]
+    v = vc[pages].permute(1, 0, 2, 3).reshape(kvh, -1, d)[:, :n]
+    amax = query_rows.abs().amax(-1, keepdim=True).clamp_min(1e-20)
+    q8 = (query_rows * (fp8_max / amax)).to(fp8_dtype).float()
+    return q8, amax * torch.tensor(1.0 / fp8_max, dtype=torch.float32), k, v, pages
+
+
+def softmax_model(s, c, v, fp8_max, fp8_dtype, p_weight=None):
+    """float32 torch model of ``softmax_step``, ``pv_step`` and ``merge_waves`` (before the V
+    scale) for one sequence: each wave's online softmax over its 64 tokens of every tile, P
+    rounded to fp8 after ``exp_shift`` (margin included) and the optional per-token weights,
+    the sum over unrounded P, the four-wave merge. ``s`` [kvh, group, n]: the raw float32 scores
+    the kernel holds; ``c`` [kvh, group, 1]: its float32 ``c_qk``; ``v`` [kvh, n, head_dim]: V
+    codes as floats; ``p_weight`` broadcastable to ``s``. Returns [kvh, group, head_dim] float32.
+
+    The roundings are the kernel's: the row max is ``max(s)·c`` rounded once; each exponent
+    ``s·c - shift`` is one fma (one rounding, here in float64: the product of two floats is
+    exact there), not ``s·c`` rounded and then shifted. The difference is up to an ulp of the
+    row max, which at |m| ~ 10 is enough to flip the fp8 code of a heavy token's P now and then."""
+    kvh, group, n = s.shape
+    log2_fmax = torch.tensor(math.log2(fp8_max), dtype=torch.float32)  # as the kernel's f32 constant
+    m = torch.full((kvh, group, WAVES), MASKED)
+    l = torch.zeros(kvh, group, WAVES)
+    o = torch.zeros(kvh, group, WAVES, v.shape[-1])
+    for t0 in range(0, n, TILE):
+        for w in range(WAVES):
+            lo, hi = t0 + w * SPAN, min(t0 + (w + 1) * SPAN, n)
+            if hi <= lo:
+                continue
+            sw = s[..., lo:hi]
+            m_new = torch.maximum(m[..., w], sw.amax(-1) * c[..., 0])
+            corr = torch.exp2(m[..., w] - m_new)
+            # exp_shift, in its float32 order: (m - log2 FP8_MAX) + |m|·2^-21 (the product is exact)
+            shift = (m_new - log2_fmax) + m_new.abs() * 2.0 ** -21
+            p = torch.exp2((sw.double() * c.double() - shift.double()[..., None]).float())
+            l[..., w] = l[..., w] * corr + p.sum(-1)
+            if p_weight is not None:
+                p = p * p_weight[..., lo:hi]
+            o[..., w, :] = o[..., w, :] * corr[..., None] + p.to(fp8_dtype).float() @ v[:, lo:hi]
+            m[..., w] = m_new
+    f = torch.exp2(m - m.amax(-1, keepdim=True))
+    return (o * f[..., None]).sum(2) / (l * f).sum(-1)[..., None]

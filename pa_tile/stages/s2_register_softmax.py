@@ -27,7 +27,8 @@ from pa_tile import launching, problem
 from pa_tile.arch import fp8_max, fp8_torch_dtype
 from pa_tile.kernel_lib import (
     HEAD_DIM, LOG2E, MASKED, SPAN, TILE, WAVE, WAVES, Pages, imin, jit_launcher, lane_coords, mask_tail,
-    merge_waves, pv_step, query_operands, rsrc, scalar_load, scores, softmax_step, store_chunks,
+    merge_waves, pv_step, query_operands, rsrc, scalar_load, scores, softmax_model, softmax_step, store_chunks,
+    model_operands,
 )
 
 __all__ = ["paged_decode", "build_launcher", "launch_args", "kernel_args", "numerics_model", "LIMITS", "Shared",
@@ -60,7 +61,7 @@ class Workgroup:
         k_scale = scalar_load(key_scale, 0).bitcast(fx.Float32)
         self.v_scale = scalar_load(value_scale, 0).bitcast(fx.Float32)
         self.head0 = head0 = seq * (num_kv_heads * G) + kvh * G  # first query row of this group
-        self.q_ops, q_scale = query_operands(q_rs, (head0 + imin(col, G - 1)) * (HEAD_DIM * 2), col < G, fp8_max, grp)
+        self.q_ops, q_scale = query_operands(q_rs, (head0 + imin(col, G - 1)) * HEAD_DIM, col < G, fp8_max, grp)
         self.c_qk = q_scale * k_scale * scale_log2
         last_page = (ctx - 1) // block_size
         self.num_tiles = (ctx + (TILE - 1)) // TILE
@@ -174,37 +175,15 @@ def numerics_model(query, key_cache, value_cache, block_tables, context_lengths,
     scale = 1.0 / math.sqrt(HEAD_DIM) if softmax_scale is None else float(softmax_scale)
     ks, vs = float(torch.as_tensor(key_scale).reshape(())), float(torch.as_tensor(value_scale).reshape(()))
     num_seqs, num_q_heads, _ = query.shape
-    _, kvh, bs, _ = key_cache.shape
+    kvh = key_cache.shape[1]
     group = num_q_heads // kvh
     kc = key_cache.view(torch.uint8).view(fp8).float()
     vc = value_cache.view(torch.uint8).view(fp8).float().transpose(2, 3)  # -> [blocks, kvh, bs, 128]
     out = torch.empty(num_seqs, num_q_heads, HEAD_DIM)
     for s in range(num_seqs):
-        n = int(context_lengths[s])
-        pages = block_tables[s, : -(-n // bs)].long()
-        k = kc[pages].permute(1, 0, 2, 3).reshape(kvh, -1, HEAD_DIM)[:, :n]
-        v = vc[pages].permute(1, 0, 2, 3).reshape(kvh, -1, HEAD_DIM)[:, :n]
         q = query[s].float().reshape(kvh, group, HEAD_DIM)
-        amax = q.abs().amax(-1, keepdim=True).clamp_min(1e-20)
-        q8 = (q * (fmax / amax)).to(fp8).float()
-        # the kernel's float32 order: (amax * f32(1/fmax)) * ks * f32(scale * log2 e)
-        x = torch.einsum("hgd,htd->hgt", q8, k) * ((amax * (1.0 / fmax)) * ks * (scale * LOG2E))
-        m = torch.full((kvh, group, WAVES), MASKED)
-        l = torch.zeros(kvh, group, WAVES)
-        o = torch.zeros(kvh, group, WAVES, HEAD_DIM)
-        for t0 in range(0, n, TILE):
-            for w in range(WAVES):
-                lo, hi = t0 + w * SPAN, min(t0 + (w + 1) * SPAN, n)
-                if hi <= lo:
-                    continue
-                xw = x[..., lo:hi]
-                m_new = torch.maximum(m[..., w], xw.amax(-1))
-                corr = torch.exp2(m[..., w] - m_new)
-                p = torch.exp2(xw - (m_new - math.log2(fmax))[..., None])
-                l[..., w] = l[..., w] * corr + p.sum(-1)
-                o[..., w, :] = o[..., w, :] * corr[..., None] + p.to(fp8).float() @ v[:, lo:hi]
-                m[..., w] = m_new
-        f = torch.exp2(m - m.amax(-1, keepdim=True))
-        res = (o * f[..., None]).sum(2) / (l * f).sum(-1)[..., None] * vs
+        q8, q_scale, k, v, _ = model_operands(q, kc, vc, block_tables[s], int(context_lengths[s]), fmax, fp8)
+        c_qk = q_scale * ks * (scale * LOG2E)  # the kernel's float32 order
+        res = softmax_model(torch.einsum("hgd,htd->hgt", q8, k), c_qk, v, fmax, fp8) * vs
         out[s] = res.reshape(num_q_heads, HEAD_DIM)
     return out
