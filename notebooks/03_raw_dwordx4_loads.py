@@ -342,7 +342,7 @@ print(format_table(rows))
 # %% [markdown]
 # Reading the table:
 #
-# * **Registers.** The carried K is 32 more VGPRs per lane (8 `dwordx4`): 126 → 158 on
+# * **Registers.** The carried K is about 32 more VGPRs per lane (8 `dwordx4`): 124 → 158 on
 #   gfx942. The unified file holds 512 registers per lane per SIMD in granules of 8, so 128
 #   fits 4 waves and 158 fits 3. That is the wave chapter 2 kept by not prefetching.
 # * **Latency.** An iteration issues 18 loads (8 `dwordx4` of K, 8 of V, 2 page ids). Without

@@ -621,7 +621,9 @@ print(format_table(rows))
 
 # %% [markdown]
 # The carried K costs the same 32 registers as in chapter 3 (3 waves per SIMD at head_dim
-# 128). head_dim 64 halves K, V and O: 94-96 registers, 5 waves. Per-token scales add the
+# 128). head_dim 64 halves K, V and O: 94-98 registers, 5 waves on gfx950 and 4 on gfx942,
+# where 98 is just past the 96 that 5 waves allow (the two registers the P exponent's margin,
+# `exp_shift`, costs there: 96 without it). Per-token scales add the
 # 16 K scales and 16 P weights of a lane's tokens: at head_dim 128 that crosses 168 registers
 # and costs a wave (2 per SIMD). That cost is measured here, not yet optimized.
 #

@@ -392,12 +392,9 @@ def _v_weights(v_sc1, live):
 
 # %% [markdown]
 # The kernel below calls a few more straight-line pieces. `query_rows`: the (row, MTP
-# position, head) of each M-tile's row of this lane. `tile_range`: this workgroup's tiles
-# (a window skips the tiles wholly before every row's window; a split takes its partition's
-# range). `stage_scales`: per token, the lane's K scale and V weight to LDS for its wave.
-# `phase_b`: every M-tile's P·V on V's registers. `store_stats` and `merge_weights`: the
-# merge's (max, sum) table, one M-tile's weights and its accumulators scaled by them, before
-# the exchange.
+# position, head) of each M-tile's row of this lane, the division by the group done with
+# compares. `tile_range`: this workgroup's tiles (a window skips the tiles wholly before every
+# row's window; a split takes its partition's range).
 
 # %% tags=["export"]
 def query_rows(mgrp, col, mt, rows_total, ql, group):
@@ -427,6 +424,13 @@ def tile_range(ctx, part, block_size, ql, window, num_partitions):
     return last_page, fx.Int32(first), num_tiles
 
 
+# %% [markdown]
+# `stage_scales`: per token, the lane's K scale and V weight (`v_scale / vmax`, the wave's max
+# over the tokens some row can see) to its wave's LDS slots, once per tile; the M-tiles read
+# them back four at a time. `phase_b`: every M-tile's P·V on V's registers, each M-tile's
+# accumulators rescaled by its correction (and, per token, by the wave's `vmax`).
+
+# %% tags=["export"]
 def stage_scales(sc_lds, sc_k, sc_v, k_sc1, v_sc1, t, wave, lane, ctx, ql, window):
     """This lane's K scale and V weight ``v_scale / vmax`` to its wave's LDS slots; returns ``(vmax,
     1/vmax)``. Tokens no row can see get V scale 0 (out of the max, weight 0)."""
@@ -453,6 +457,13 @@ def phase_b(o_all, v_words, p_all, corr_all, per_token=None):
     return o_next
 
 
+# %% [markdown]
+# The merge, per M-tile as chapter 2's `merge_waves`: `store_stats` writes every M-tile's
+# (max, sum) of this wave to one table before a single barrier; `merge_weights` reads an
+# M-tile's four rows back and scales this wave's accumulators by their weight, ready for
+# `exchange`.
+
+# %% tags=["export"]
 def store_stats(stats, m_w, l_w, wave, col):
     """Each M-tile's (max, sum) of this wave (the sum over the row's 4 lanes) to the merge's
     table, ``[m-tile][max | sum][row][wave]``."""
