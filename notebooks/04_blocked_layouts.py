@@ -234,7 +234,8 @@ from pa_tile.kernel_lib import (
     store_chunks, model_operands,
 )
 
-__all__ = ["paged_decode", "build_launcher", "launch_args", "numerics_model", "LIMITS", "V_LAYOUTS", "ScaledPages"]
+__all__ = ["paged_decode", "build_launcher", "launch_args", "numerics_model", "LIMITS", "V_LAYOUTS", "ScaledPages",
+           "merge_lds"]
 
 #: what the stage-4 kernel supports (``pa_tile.problem.describe`` enforces it)
 LIMITS = problem.Limits(stage="s4", head_dims=(64, 128), block_sizes=(16, 64), groups=(8, 16),
@@ -301,6 +302,24 @@ class ScaledPages(Pages):
 
 
 # %% [markdown]
+# The merge's LDS: the (max, sum) table, `2 · 16` head rows of `stats_stride` words, and the
+# exchange's slots, one d-chunk group per wave and lane.
+
+# %% tags=["export"]
+def merge_lds(stats_stride, nj):
+    """The LDS struct of the merge for ``nj`` d-chunks of O, the table's rows ``stats_stride`` words apart."""
+    if stats_stride < WAVES:
+        raise ValueError(f"stats_stride: at least {WAVES} words (one per wave), got {stats_stride}")
+
+    @fx.struct
+    class Shared:
+        stats: fx.Array[fx.Float32, 2 * 16 * stats_stride, 16]
+        xchg: fx.Array[fx.Float32, WAVES * (nj // WAVES) * WAVE * 4, 16]
+
+    return Shared
+
+
+# %% [markdown]
 # The kernel: the setup (the query read through its two strides, the score scale, which
 # holds K's scale only per tensor), chapter 3's pipelined loop, the merge with the padded
 # table and the stores in the query's dtype. Per token, V's scales become P's weights
@@ -311,18 +330,12 @@ class ScaledPages(Pages):
 def build_launcher(block_size: int, head_dim: int, group: int, arch: str, q_dtype: str = "f16",
                    per_token: bool = False, v_layout: str = "trans_blocked", stats_stride: int = STATS_STRIDE):
     """The ``@flyc.jit`` launcher for one specialization (``stats_stride=4``: the unpadded merge table)."""
-    if stats_stride < WAVES:
-        raise ValueError(f"stats_stride: at least {WAVES} words (one per wave), got {stats_stride}")
+    Shared = merge_lds(stats_stride, head_dim // 16)
     BS, HD, G, PT = block_size, head_dim, group, bool(per_token)
     LOG2_FMAX = math.log2(fp8_max(arch))
     NJ = HD // 16  # d-chunks of O
     HALVES = HD // 64  # 64-channel halves of a K row / of the query
     ODT = fx.BFloat16 if q_dtype == "bf16" else fx.Float16
-
-    @fx.struct
-    class Shared:
-        stats: fx.Array[fx.Float32, 2 * 16 * stats_stride, 16]
-        xchg: fx.Array[fx.Float32, WAVES * (NJ // WAVES) * WAVE * 4, 16]
 
     def pa_decode_s4(out: fx.Tensor, query: fx.Tensor, key_cache: fx.Tensor, value_cache: fx.Tensor,
                      block_tables: fx.Tensor, context_lengths: fx.Tensor, key_scale: fx.Tensor,
