@@ -49,13 +49,13 @@ import math
 
 import torch
 
-import flydsl.compiler as flyc
 import flydsl.expr as fx
 from flydsl.expr import range_constexpr
 from flydsl.expr.typing import ReductionOp, T
 
 from pa_tile import launching, problem
 from pa_tile.arch import fp8_format, fp8_max
+from pa_tile.kernel_lib import jit_launcher
 
 __all__ = [
     "paged_decode",
@@ -328,14 +328,175 @@ def zero_tokens_past(frag, first_token, n_valid):
 # LDS: the fp8 query (2 KB), one tile of f32 scores (16 KB), one tile of fp8 `P` (4 KB) and 16
 # per-row floats. Three barriers per tile: scores written → softmax; `P` written → P·V;
 # P·V done → next tile may overwrite.
+#
+# Each part is a function (FlyDSL traces through them: the code is the same as if they were
+# written in place). Part 1: thread `t` owns row `t // 16` and 8 of its 128 channels; the
+# rows' amax meets across the 16 threads of a row, the codes go to LDS through 64-bit copies,
+# and the row's factor `q_amax · softmax_scale · log2 e / FP8_MAX · k_scale` is what turns a
+# raw fp8 score into log2 units (see "where every scale goes").
+
+# %% tags=["export"]
+def quantize_query(query, seq, kv_head, tid, row, group_size, fp8, fp8_max_, sQ, log2_scale, k_scale):
+    """Part 1: this kv head's query rows to fp8 in LDS ``sQ``, one scale per row; returns the
+    thread's row factor (raw score -> log2 units)."""
+    q_rows = fx.slice(fx.zipped_divide(query[seq, None, None], (group_size, HEAD_DIM)), (None, (kv_head, 0)))
+    q_atom = fx.make_copy_atom(fx.rocdl.BufferCopy128b(), fx.Float16)
+    # threads past the group's rows re-read them (a valid address) and zero them below
+    q_src = row_split_copy(q_atom, group_size, 8).get_slice(tid % (group_size * ROW_THREADS)).partition_S(q_rows)
+    q_frag = fx.make_fragment_like(q_src)
+    fx.copy(q_atom, q_src, q_frag)
+    q = q_frag.load().to(fx.Float32)
+    q = (row < group_size).select(q, fx.Vector.filled_like(q, 0.0))  # rows 8-15 of a group of 8: padding
+    q_amax = row_allreduce(fx.absf(q).reduce(ReductionOp.MAX), fx.maxnumf)
+    q_codes = to_fp8(q * (fx.Float32(fp8_max_) * rcp(fx.maxnumf(q_amax, fx.Float32(1e-30)))), fp8)
+    lds64 = fx.make_copy_atom(fx.UniversalCopy64b(), fp8)
+    sq_dst = row_split_copy(lds64, MMA_ROWS, 8).get_slice(tid).partition_D(sQ)
+    sq_frag = fx.make_fragment_like(sq_dst)
+    sq_frag.store(q_codes)
+    fx.copy(lds64, sq_frag, sq_dst)
+    row_factor = q_amax * fx.Float32(log2_scale / fp8_max_) * k_scale  # see "where every scale goes"
+    fx.gpu.barrier()
+    return row_factor
+
+
+# %% [markdown]
+# Part 2 is everything the loop reuses: the tiled MMA and, per operand, a copy that moves the
+# thread's share of it (A, Q or P, from LDS; B, K or V, gathered from the cache, 8 bytes per
+# piece; C, the scores, to LDS), Q's fragment (in registers for the whole loop), the counting
+# tensors that give each piece its virtual offset and first token, and the row-wise copies of
+# the softmax phase. `Tiles` holds them; its methods are the three phases of one tile.
+
+# %% tags=["export"]
+class Tiles:
+    """Part 2 (loop-invariant operand copies and index tensors) and the phases of part 3."""
+
+    def __init__(self, fp8, tid, block_size, group_size, sQ, sS, sP, block_tables, seq, kv_head, context_len, out):
+        chunk = TILE_TOKENS // ROW_THREADS  # scores per thread in the softmax phase
+        self.tiled_mma = make_tiled_mma(fp8)
+        self.thr_mma = thr_mma = self.tiled_mma.thr_slice(tid)
+        self.lds64 = fx.make_copy_atom(fx.UniversalCopy64b(), fp8)
+        self.a_copy = fx.make_tiled_copy_A(self.lds64, self.tiled_mma).get_slice(tid)  # A (Q or P) from LDS
+        self.gather64 = fx.make_copy_atom(fx.rocdl.BufferCopy64b(), fp8)
+        self.b_copy = fx.make_tiled_copy_B(self.gather64, self.tiled_mma).get_slice(tid)  # B (K or V) from the cache
+        self.s32 = fx.make_copy_atom(fx.UniversalCopy32b(), fx.Float32)
+        self.c_copy = fx.make_tiled_copy_C(self.s32, self.tiled_mma).get_slice(tid)  # scores to LDS
+
+        self.q_mma = thr_mma.make_fragment_A(sQ)  # Q stays in registers for the whole loop
+        fx.copy(self.lds64, self.a_copy.partition_S(sQ), self.a_copy.retile(self.q_mma))
+
+        self.k_layout = k_virtual_layout(block_size)
+        self.v_layout = v_virtual_layout(block_size)
+        self.k_virtual = self.b_copy.partition_S(counting(self.k_layout))[(0, None), None, None]  # one offset per 8-byte piece
+        self.v_virtual = self.b_copy.partition_S(counting(self.v_layout))[(0, None), None, None]
+        token_of = counting(fx.make_layout((HEAD_DIM, TILE_TOKENS), (0, 1)))  # V tile coordinate -> token
+        v_first_token = self.b_copy.partition_S(token_of)[(0, None), None, None].load()
+        self.v_first_token = v_first_token.reshape(v_first_token.numel)
+        self.block_table_row = block_tables[seq, None]
+        self.last_page = (context_len - 1) // block_size
+
+        self.sm_atom = fx.make_copy_atom(fx.UniversalCopy128b(), fx.Float32)
+        self.sm_copy = row_split_copy(self.sm_atom, MMA_ROWS, chunk).get_slice(tid)
+        self.s_token = self.sm_copy.partition_S(counting(fx.make_layout((MMA_ROWS, TILE_TOKENS), (0, 1)))).load()
+        self.p_atom = fx.make_copy_atom(fx.UniversalCopy128b(), fp8)
+        self.p_dst = row_split_copy(self.p_atom, MMA_ROWS, chunk).get_slice(tid).partition_D(sP)
+
+        out_rows = fx.slice(fx.zipped_divide(out[seq, None, None], (group_size, HEAD_DIM)), (None, (kv_head, 0)))
+        self.out_tile = fx.make_view(fx.get_iter(out_rows), fx.make_layout((MMA_ROWS, HEAD_DIM), (HEAD_DIM, 1)))
+        o_row = thr_mma.partition_C(counting(fx.make_layout((MMA_ROWS, HEAD_DIM), (1, 0)))).load()
+        self.o_row = o_row.reshape(o_row.numel)  # query row of each of this thread's output values
+        self.sQ, self.sS, self.sP, self.block_size = sQ, sS, sP, block_size
+
+    def offsets(self, virtual, tile, num_kv_heads, kv_head):
+        return physical_offsets(virtual, tile, self.block_table_row, self.last_page, num_kv_heads, kv_head,
+                                self.block_size)
+
+# %% [markdown]
+# The three phases of a tile. **Scores**: K is gathered page by page straight into the B
+# fragments (each 8-byte piece's virtual offset translated through the block table), one
+# `gemm` over the tile, the scores copied to LDS. **Softmax**: each thread reads its 16
+# scores of its row, masks tokens past the context, and updates `(m, l)` with the row's
+# max and sum (16-lane butterflies); `P` goes to LDS as fp8. **P·V**: every wave reads all of
+# `P` back, gathers its V pieces, zeroes those past the context, and accumulates
+# `O · correction + P·V` with each output row's correction read back from LDS.
+
+# %% tags=["export"]
+def tile_scores(t, tile, key_cache, num_kv_heads, kv_head):
+    """S = Q·Kᵀ for one tile, K gathered page by page straight into the B fragments; S to LDS."""
+    k_mma = t.thr_mma.make_fragment_B(fx.make_view(fx.get_iter(key_cache), t.k_layout))
+    fx.gather(t.gather64, fx.get_iter(key_cache), t.offsets(t.k_virtual, tile, num_kv_heads, kv_head),
+              t.b_copy.retile(k_mma))
+    s_mma = t.thr_mma.make_fragment_C(t.sS)
+    s_mma.fill(0.0)
+    fx.gemm(t.tiled_mma, s_mma, t.q_mma, k_mma, s_mma)
+    fx.copy(t.s32, t.c_copy.retile(s_mma), t.c_copy.partition_D(t.sS))
+    fx.gpu.barrier()
+
+
+def tile_softmax(t, n_valid, row_factor, m_old, l_old, fp8, fp8_max_):
+    """The online softmax, row-wise (16 threads per row, 16 scores each); P to LDS as fp8.
+    Returns ``(m_new, l_new, correction)``."""
+    s_src = t.sm_copy.partition_S(t.sS)
+    s_frag = fx.make_fragment_like(s_src)
+    fx.copy(t.sm_atom, s_src, s_frag)
+    s = s_frag.load()
+    x = (t.s_token < n_valid).select(s * row_factor, fx.Vector.filled_like(s, float("-inf")))
+    m_new = fx.maxnumf(m_old, row_allreduce(x.reduce(ReductionOp.MAX), fx.maxnumf))
+    p = fx.math.exp2(x - m_new)
+    correction = fx.math.exp2(m_old - m_new)
+    l_new = l_old * correction + row_allreduce(p.reduce(ReductionOp.ADD), lambda a, b: a + b)
+    p_frag = fx.make_fragment_like(t.p_dst)
+    p_frag.store(to_fp8(p * fx.Float32(fp8_max_), fp8))  # p in [0, 1] -> [0, FP8_MAX]
+    fx.copy(t.p_atom, p_frag, t.p_dst)
+    return m_new, l_new, correction
+
+
+def tile_pv(t, tile, value_cache, num_kv_heads, kv_head, n_valid, o_old, sRow):
+    """O = O * correction + P·V, with every wave reading all of P back from LDS."""
+    p_mma = t.thr_mma.make_fragment_A(t.sP)
+    fx.copy(t.lds64, t.a_copy.partition_S(t.sP), t.a_copy.retile(p_mma))
+    v_mma = t.thr_mma.make_fragment_B(fx.make_view(fx.get_iter(value_cache), t.v_layout))
+    v_frag = t.b_copy.retile(v_mma)
+    fx.gather(t.gather64, fx.get_iter(value_cache), t.offsets(t.v_virtual, tile, num_kv_heads, kv_head), v_frag)
+    zero_tokens_past(v_frag, t.v_first_token, n_valid)
+    pv = fx.make_fragment_like(t.thr_mma.partition_C(t.out_tile), fx.Float32)
+    pv.fill(0.0)
+    fx.gemm(t.tiled_mma, pv, p_mma, v_mma, pv)
+    o_row = t.o_row
+    row_correction = fx.Vector.from_elements(
+        [fx.Float32(sRow[o_row[i]]) for i in range_constexpr(o_row.numel)], dtype=fx.Float32
+    )
+    return o_old * row_correction + pv.load().reshape(o_row.numel)
+
+
+# %% [markdown]
+# Part 4 and the kernel itself. After the loop each row's sum `l` goes through LDS to the
+# threads that hold the row's outputs, which scale by `1/l` and fold `P`'s `FP8_MAX` and V's
+# scale back in, round to f16 and store (only the group's real rows). `jit_launcher` (from
+# `pa_tile.kernel_lib`, taught in chapter 2) makes the `@flyc.jit` launcher every stage has.
+# The branches on `part == 0` and on the rows stay in the kernel's own body: FlyDSL turns an
+# `if` on a device value into a branch only there.
+
+# %% tags=["export"]
+def normalized_output(t, final, sRow, v_scale, fp8_max_, tid):
+    """O / l, with P's FP8_MAX and V's scale folded back in: ``(copy atom, src, dst)`` of the f16 store."""
+    o_row = t.o_row
+    inv_l = fx.Vector.from_elements([rcp(sRow[o_row[i]]) for i in range_constexpr(o_row.numel)], dtype=fx.Float32)
+    o = fx.Vector(final[2]) * inv_l * (v_scale * fx.Float32(1.0 / fp8_max_))
+    o_out = fx.make_fragment_like(t.thr_mma.partition_C(t.out_tile))
+    o_out.store(o.to(fx.Float16))
+    store16 = fx.make_copy_atom(fx.rocdl.BufferCopy16b(), fx.Float16)
+    o_copy = fx.make_tiled_copy_C(store16, t.tiled_mma).get_slice(tid)
+    return store16, o_copy.retile(o_out), o_copy.partition_D(t.out_tile)
+
+
+# %% [markdown]
+# The kernel: the buffer tensors, the scale loads and the LDS views, then parts 1 to 4.
 
 # %% tags=["export"]
 @functools.lru_cache(maxsize=None)
 def build_launcher(arch, block_size, group_size, softmax_scale):
     """The stage-1 ``@flyc.jit`` launcher for one configuration (all four are compile-time)."""
     fp8, fp8_max_ = FX_FP8[fp8_format(arch)], fp8_max(arch)
-    chunk = TILE_TOKENS // ROW_THREADS  # scores per thread in the softmax phase
-    log2_scale = softmax_scale * LOG2E  # softmax in base 2: exp(x) = exp2(x * log2 e)
 
     @fx.struct
     class SharedStorage:
@@ -344,183 +505,51 @@ def build_launcher(arch, block_size, group_size, softmax_scale):
         p: fx.Array[fp8, MMA_ROWS * TILE_TOKENS, 16]  # quantized probabilities of one tile
         row: fx.Array[fx.Float32, MMA_ROWS, 16]  # per-row scalar handed from softmax to P·V
 
-    @flyc.kernel(known_block_size=(NUM_WAVES * WAVE_SIZE, 1, 1))
-    def paged_decode_kernel(
-        query: fx.Tensor,
-        key_cache: fx.Tensor,
-        value_cache: fx.Tensor,
-        block_tables: fx.Tensor,
-        context_lengths: fx.Tensor,
-        key_scale: fx.Tensor,
-        value_scale: fx.Tensor,
-        out: fx.Tensor,
-        num_kv_heads: fx.Int32,
-    ):
-        tid = fx.thread_idx.x
-        seq = fx.block_idx.x
-        kv_head = fx.block_idx.y
+    def paged_decode_kernel(query: fx.Tensor, key_cache: fx.Tensor, value_cache: fx.Tensor, block_tables: fx.Tensor,
+                            context_lengths: fx.Tensor, key_scale: fx.Tensor, value_scale: fx.Tensor, out: fx.Tensor,
+                            num_kv_heads: fx.Int32):
+        tid, seq, kv_head = fx.thread_idx.x, fx.block_idx.x, fx.block_idx.y
         row = tid // ROW_THREADS  # row-wise phases: this thread's query row ...
         part = tid % ROW_THREADS  # ... and its sixteenth of that row
-
-        query = fx.rocdl.make_buffer_tensor(query)
-        key_cache = fx.rocdl.make_buffer_tensor(key_cache)
-        value_cache = fx.rocdl.make_buffer_tensor(value_cache)
-        block_tables = fx.rocdl.make_buffer_tensor(block_tables)
-        out = fx.rocdl.make_buffer_tensor(out)
+        query, key_cache, value_cache, block_tables, out = (
+            fx.rocdl.make_buffer_tensor(x) for x in (query, key_cache, value_cache, block_tables, out))
         context_len = fx.Int32(context_lengths[seq])
         k_scale = fx.Float32(key_scale[0])
         v_scale = fx.Float32(value_scale[0])
-
         lds = fx.SharedAllocator().allocate(SharedStorage).peek()
         sQ = lds.q.view(fx.make_layout((MMA_ROWS, HEAD_DIM), (HEAD_DIM, 1)))
         sS = lds.s.view(fx.make_layout((MMA_ROWS, TILE_TOKENS), (TILE_TOKENS, 1)))
         sP = lds.p.view(fx.make_layout((MMA_ROWS, TILE_TOKENS), (TILE_TOKENS, 1)))
         sRow = lds.row.view(fx.make_layout(MMA_ROWS, 1))
 
-        # ── 1. quantize this kv head's query rows to fp8, one scale per row ──
-        q_rows = fx.slice(fx.zipped_divide(query[seq, None, None], (group_size, HEAD_DIM)), (None, (kv_head, 0)))
-        q_atom = fx.make_copy_atom(fx.rocdl.BufferCopy128b(), fx.Float16)
-        # threads past the group's rows re-read them (a valid address) and zero them below
-        q_src = row_split_copy(q_atom, group_size, 8).get_slice(tid % (group_size * ROW_THREADS)).partition_S(q_rows)
-        q_frag = fx.make_fragment_like(q_src)
-        fx.copy(q_atom, q_src, q_frag)
-        q = q_frag.load().to(fx.Float32)
-        q = (row < group_size).select(q, fx.Vector.filled_like(q, 0.0))  # rows 8-15 of a group of 8: padding
-        q_amax = row_allreduce(fx.absf(q).reduce(ReductionOp.MAX), fx.maxnumf)
-        q_codes = to_fp8(q * (fx.Float32(fp8_max_) * rcp(fx.maxnumf(q_amax, fx.Float32(1e-30)))), fp8)
-        lds64 = fx.make_copy_atom(fx.UniversalCopy64b(), fp8)
-        sq_dst = row_split_copy(lds64, MMA_ROWS, 8).get_slice(tid).partition_D(sQ)
-        sq_frag = fx.make_fragment_like(sq_dst)
-        sq_frag.store(q_codes)
-        fx.copy(lds64, sq_frag, sq_dst)
-        row_factor = q_amax * fx.Float32(log2_scale / fp8_max_) * k_scale  # see "where every scale goes"
-        fx.gpu.barrier()
+        row_factor = quantize_query(query, seq, kv_head, tid, row, group_size, fp8, fp8_max_, sQ,
+                                    softmax_scale * LOG2E, k_scale)  # softmax in base 2: exp(x) = exp2(x·log2 e)
+        t = Tiles(fp8, tid, block_size, group_size, sQ, sS, sP, block_tables, seq, kv_head, context_len, out)
 
-        # ── 2. the tiled MMA, its operand copies, and the per-thread index tensors ──
-        tiled_mma = make_tiled_mma(fp8)
-        thr_mma = tiled_mma.thr_slice(tid)
-        a_copy = fx.make_tiled_copy_A(lds64, tiled_mma).get_slice(tid)  # A (Q or P) from LDS
-        gather64 = fx.make_copy_atom(fx.rocdl.BufferCopy64b(), fp8)
-        b_copy = fx.make_tiled_copy_B(gather64, tiled_mma).get_slice(tid)  # B (K or V) from the cache
-        s32 = fx.make_copy_atom(fx.UniversalCopy32b(), fx.Float32)
-        c_copy = fx.make_tiled_copy_C(s32, tiled_mma).get_slice(tid)  # scores to LDS
-
-        q_mma = thr_mma.make_fragment_A(sQ)  # Q stays in registers for the whole loop
-        fx.copy(lds64, a_copy.partition_S(sQ), a_copy.retile(q_mma))
-
-        k_layout = k_virtual_layout(block_size)
-        v_layout = v_virtual_layout(block_size)
-        k_virtual = b_copy.partition_S(counting(k_layout))[(0, None), None, None]  # one offset per 8-byte piece
-        v_virtual = b_copy.partition_S(counting(v_layout))[(0, None), None, None]
-        token_of = counting(fx.make_layout((HEAD_DIM, TILE_TOKENS), (0, 1)))  # V tile coordinate -> token
-        v_first_token = b_copy.partition_S(token_of)[(0, None), None, None].load()
-        v_first_token = v_first_token.reshape(v_first_token.numel)
-        block_table_row = block_tables[seq, None]
-        last_page = (context_len - 1) // block_size
-
-        sm_atom = fx.make_copy_atom(fx.UniversalCopy128b(), fx.Float32)
-        sm_copy = row_split_copy(sm_atom, MMA_ROWS, chunk).get_slice(tid)
-        s_token = sm_copy.partition_S(counting(fx.make_layout((MMA_ROWS, TILE_TOKENS), (0, 1)))).load()
-        p_atom = fx.make_copy_atom(fx.UniversalCopy128b(), fp8)
-        p_dst = row_split_copy(p_atom, MMA_ROWS, chunk).get_slice(tid).partition_D(sP)
-
-        out_rows = fx.slice(fx.zipped_divide(out[seq, None, None], (group_size, HEAD_DIM)), (None, (kv_head, 0)))
-        out_tile = fx.make_view(fx.get_iter(out_rows), fx.make_layout((MMA_ROWS, HEAD_DIM), (HEAD_DIM, 1)))
-        o_row = thr_mma.partition_C(counting(fx.make_layout((MMA_ROWS, HEAD_DIM), (1, 0)))).load()
-        o_row = o_row.reshape(o_row.numel)  # query row of each of this thread's output values
-
-        # ── 3. the loop over 256-token tiles, carrying (running max, running sum, O) ──
         num_tiles = (context_len + TILE_TOKENS - 1) // TILE_TOKENS
-        init = [fx.Float32(float("-inf")), fx.Float32(0.0), fx.Vector.filled(o_row.numel, 0.0, fx.Float32)]
+        init = [fx.Float32(float("-inf")), fx.Float32(0.0), fx.Vector.filled(t.o_row.numel, 0.0, fx.Float32)]
         for tile, state in range(fx.Int32(0), num_tiles, fx.Int32(1), init=init):
             tile = fx.Int32(tile)
-            m_old = fx.Float32(state[0])
-            l_old = fx.Float32(state[1])
-            o_old = fx.Vector(state[2])
             n_valid = context_len - tile * TILE_TOKENS  # tokens of this tile inside the context
-
-            # S = Q·Kᵀ, K gathered page by page straight into the B fragments
-            k_mma = thr_mma.make_fragment_B(fx.make_view(fx.get_iter(key_cache), k_layout))
-            k_offsets = physical_offsets(k_virtual, tile, block_table_row, last_page, num_kv_heads, kv_head, block_size)
-            fx.gather(gather64, fx.get_iter(key_cache), k_offsets, b_copy.retile(k_mma))
-            s_mma = thr_mma.make_fragment_C(sS)
-            s_mma.fill(0.0)
-            fx.gemm(tiled_mma, s_mma, q_mma, k_mma, s_mma)
-            fx.copy(s32, c_copy.retile(s_mma), c_copy.partition_D(sS))
-            fx.gpu.barrier()
-
-            # online softmax, row-wise: 16 threads per row, 16 scores each
-            s_src = sm_copy.partition_S(sS)
-            s_frag = fx.make_fragment_like(s_src)
-            fx.copy(sm_atom, s_src, s_frag)
-            s = s_frag.load()
-            x = (s_token < n_valid).select(s * row_factor, fx.Vector.filled_like(s, float("-inf")))
-            m_new = fx.maxnumf(m_old, row_allreduce(x.reduce(ReductionOp.MAX), fx.maxnumf))
-            p = fx.math.exp2(x - m_new)
-            correction = fx.math.exp2(m_old - m_new)
-            l_new = l_old * correction + row_allreduce(p.reduce(ReductionOp.ADD), lambda a, b: a + b)
-            p_frag = fx.make_fragment_like(p_dst)
-            p_frag.store(to_fp8(p * fx.Float32(fp8_max_), fp8))  # p in [0, 1] -> [0, FP8_MAX]
-            fx.copy(p_atom, p_frag, p_dst)
+            tile_scores(t, tile, key_cache, num_kv_heads, kv_head)
+            m_new, l_new, correction = tile_softmax(t, n_valid, row_factor, fx.Float32(state[0]),
+                                                    fx.Float32(state[1]), fp8, fp8_max_)
             if part == 0:
                 fx.memref_store(correction, sRow, row)
             fx.gpu.barrier()
-
-            # O = O * correction + P·V, with every wave reading all of P back from LDS
-            p_mma = thr_mma.make_fragment_A(sP)
-            fx.copy(lds64, a_copy.partition_S(sP), a_copy.retile(p_mma))
-            v_mma = thr_mma.make_fragment_B(fx.make_view(fx.get_iter(value_cache), v_layout))
-            v_frag = b_copy.retile(v_mma)
-            v_offsets = physical_offsets(v_virtual, tile, block_table_row, last_page, num_kv_heads, kv_head, block_size)
-            fx.gather(gather64, fx.get_iter(value_cache), v_offsets, v_frag)
-            zero_tokens_past(v_frag, v_first_token, n_valid)
-            pv = fx.make_fragment_like(thr_mma.partition_C(out_tile), fx.Float32)
-            pv.fill(0.0)
-            fx.gemm(tiled_mma, pv, p_mma, v_mma, pv)
-            row_correction = fx.Vector.from_elements(
-                [fx.Float32(sRow[o_row[i]]) for i in range_constexpr(o_row.numel)], dtype=fx.Float32
-            )
-            o_new = o_old * row_correction + pv.load().reshape(o_row.numel)
+            o_new = tile_pv(t, tile, value_cache, num_kv_heads, kv_head, n_valid, fx.Vector(state[2]), sRow)
             fx.gpu.barrier()
             final = yield [m_new, l_new, o_new]
 
-        # ── 4. normalize and store: O / l, with P's FP8_MAX and V's scale folded back in ──
-        l_final = fx.Float32(final[1])
-        o_final = fx.Vector(final[2])
         if part == 0:
-            fx.memref_store(l_final, sRow, row)
+            fx.memref_store(fx.Float32(final[1]), sRow, row)
         fx.gpu.barrier()
-        inv_l = fx.Vector.from_elements([rcp(sRow[o_row[i]]) for i in range_constexpr(o_row.numel)], dtype=fx.Float32)
-        o = o_final * inv_l * (v_scale * fx.Float32(1.0 / fp8_max_))
-        o_out = fx.make_fragment_like(thr_mma.partition_C(out_tile))
-        o_out.store(o.to(fx.Float16))
-        store16 = fx.make_copy_atom(fx.rocdl.BufferCopy16b(), fx.Float16)
-        o_copy = fx.make_tiled_copy_C(store16, tiled_mma).get_slice(tid)
-        o_src = o_copy.retile(o_out)
-        o_dst = o_copy.partition_D(out_tile)
-        if o_row[0] < group_size:  # a thread's 4 rows are all real or all padding
+        store16, o_src, o_dst = normalized_output(t, final, sRow, v_scale, fp8_max_, tid)
+        if t.o_row[0] < group_size:  # a thread's 4 rows are all real or all padding
             fx.copy(store16, o_src, o_dst)
 
-    @flyc.jit
-    def launch(
-        out: fx.Tensor,
-        query: fx.Tensor,
-        key_cache: fx.Tensor,
-        value_cache: fx.Tensor,
-        block_tables: fx.Tensor,
-        context_lengths: fx.Tensor,
-        key_scale: fx.Tensor,
-        value_scale: fx.Tensor,
-        num_seqs: fx.Int32,
-        num_kv_heads: fx.Int32,
-        stream: fx.Stream = fx.Stream(None),
-    ):
-        paged_decode_kernel(
-            query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale, out, num_kv_heads
-        ).launch(grid=(num_seqs, num_kv_heads, 1), block=(NUM_WAVES * WAVE_SIZE, 1, 1), stream=stream)
-
-    return launch
-
+    # launch(out, query, ..., value_scale, num_seqs, num_kv_heads, stream); no fma contraction
+    return jit_launcher(paged_decode_kernel, contract=False)
 
 # %% [markdown]
 # ## The launcher

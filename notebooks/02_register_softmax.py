@@ -53,13 +53,13 @@ from pa_tile.arch import ARCHS, fp8_format
 #
 # | helper | instruction | why here |
 # |---|---|---|
-# | `_buffer_load` | `buffer_load_dword[x4]` | per-lane byte offset (VGPR) + per-wave offset (SGPR) + 12-bit immediate; K and V rows are 16 bytes per lane |
-# | `_scalar_load` | `s_buffer_load_dword` | context length and scales: one value per wave |
-# | `_uniform` | `v_readfirstlane_b32` | tells the compiler the wave index is wave-uniform, so everything derived from it is scalar |
-# | `_xor_lanes` | `ds_swizzle` / `ds_bpermute` (gfx942), `v_permlane*_swap` (gfx950) | the butterfly step of a reduction across lanes |
-# | `_mfma` | `v_mfma_f32_16x16x32_fp8_fp8` | 16×16 output, K = 32 fp8 per step |
-# | `_pack_fp8` | `v_cvt_pk_fp8_f32` ×2 | four f32 → one dword of fp8 codes (the format is the arch's) |
-# | `_lds_load` / `_lds_store` | `ds_read_b128` / `ds_write_b128` | the final merge only |
+# | `buffer_load` | `buffer_load_dword[x4]` | per-lane byte offset (VGPR) + per-wave offset (SGPR) + 12-bit immediate; K and V rows are 16 bytes per lane |
+# | `scalar_load` | `s_buffer_load_dword` | context length and scales: one value per wave |
+# | `uniform` | `v_readfirstlane_b32` | tells the compiler the wave index is wave-uniform, so everything derived from it is scalar |
+# | `xor_lanes` | `ds_swizzle` / `ds_bpermute` (gfx942), `v_permlane*_swap` (gfx950) | the butterfly step of a reduction across lanes |
+# | `mfma` | `v_mfma_f32_16x16x32_fp8_fp8` | 16×16 output, K = 32 fp8 per step |
+# | `pack_fp8` | `v_cvt_pk_fp8_f32` ×2 | four f32 → one dword of fp8 codes (the format is the arch's) |
+# | `lds_load` / `lds_store` | `ds_read_b128` / `ds_write_b128` | the final merge only |
 
 # %% tags=["export"]
 """Stage 2: fp8 paged-attention decode with a register-resident softmax.
@@ -81,19 +81,19 @@ import math
 
 import torch
 
-import flydsl.compiler as flyc
 import flydsl.expr as fx
-from flydsl.compiler.kernel_function import CompilationContext
-from flydsl.expr import arith, const_expr, gpu, range_constexpr
+from flydsl.expr import gpu, range_constexpr
 
 from pa_tile import launching, problem
 from pa_tile.arch import fp8_max, fp8_torch_dtype
 from pa_tile.kernel_lib import (
-    HEAD_DIM, LOG2E, MASKED, SPAN, TILE, WAVE, WAVES, buffer_load, buffer_store, i64, imin, lane_coords,
-    mask_tail, merge_waves, mfma, pv_step, query_operands, rsrc, scalar_load, softmax_step,
+    HEAD_DIM, LOG2E, MASKED, SPAN, TILE, WAVE, WAVES, Pages, imin, jit_launcher, lane_coords, mask_tail,
+    merge_waves, pv_step, query_operands, rsrc, scalar_load, scores, softmax_model, softmax_step, store_chunks,
+    model_operands,
 )
 
-__all__ = ["paged_decode", "build_launcher", "launch_args", "kernel_args", "numerics_model", "LIMITS"]
+__all__ = ["paged_decode", "build_launcher", "launch_args", "kernel_args", "numerics_model", "LIMITS", "Shared",
+           "Workgroup"]
 
 #: what the stage-2 kernel supports (``pa_tile.problem.describe`` enforces it)
 LIMITS = problem.Limits(stage="s2", head_dims=(HEAD_DIM,), block_sizes=(16, 64), groups=(8, 16))
@@ -147,7 +147,7 @@ source(kernel_lib.rsrc, kernel_lib.buffer_load, kernel_lib.scalar_load, kernel_l
 #
 # The query is quantized per head: each lane loads 32 of its head's 128 f16 values (the same
 # channels its K loads cover), the four lanes of a head agree on `amax` with two
-# `_xor_lanes` steps, and `q_scale = amax / FP8_MAX` is folded into the score scale.
+# `xor_lanes` steps, and `q_scale = amax / FP8_MAX` is folded into the score scale.
 
 # %% [markdown]
 # The same fragments drawn out: the number in a cell is the lane that holds it. A lane's
@@ -159,6 +159,13 @@ plt.show()
 
 # %%
 source(kernel_lib.query_operands, kernel_lib.quantize_query)
+
+# %% [markdown]
+# With K and Q in these registers, the turned-around Q·Kᵀ of a tile is four token chunks of
+# four MFMAs each (two k-steps per channel half), `scores`:
+
+# %%
+source(kernel_lib.scores)
 
 # %% [markdown]
 # ## Where the bytes come from
@@ -180,6 +187,13 @@ source(kernel_lib.query_operands, kernel_lib.quantize_query)
 #
 # Pages past the sequence's last page are clamped to the last page: their tokens are masked
 # anyway, and the kernel never reads a block-table entry the sequence does not own.
+#
+# `Pages` holds this addressing: the per-lane offsets (fixed for the loop), the per-wave
+# scalar offsets of the d-chunks, and the loads. Its two strides (`k_row`, `k_chunk`) and the
+# V-layout flag are what chapter 4's blocked layouts change.
+
+# %%
+source(kernel_lib.Pages)
 
 # %% [markdown]
 # ## The online softmax, per wave and in registers
@@ -197,7 +211,10 @@ source(kernel_lib.query_operands, kernel_lib.quantize_query)
 # ```
 #
 # Scaling P by `FP8_MAX` before rounding it to fp8 spends the format's full range on it; the
-# factor cancels in `O / l`. The max needs its cross-lane steps every tile (all lanes of a
+# factor cancels in `O / l`. The shift carries one more term, a margin of `|m_new|·2^-21`
+# (`exp_shift`): the max is rounded once while each exponent is one fused multiply-add, so
+# without it the top P of a row with very large scores could land a hair past `FP8_MAX`,
+# which the fp8 conversion turns into NaN. The max needs its cross-lane steps every tile (all lanes of a
 # head must use the same `m` in one MFMA); the sum does not.
 #
 # Only the last tile can hold tokens past the context. There the raw scores become `-inf`
@@ -212,7 +229,7 @@ figures.softmax_butterfly(head=0)
 plt.show()
 
 # %%
-source(kernel_lib.mask_tail, kernel_lib.tree_sum, kernel_lib.softmax_step)
+source(kernel_lib.mask_tail, kernel_lib.zero_tail_v, kernel_lib.tree_sum, kernel_lib.exp_shift, kernel_lib.softmax_step)
 
 # %% [markdown]
 # ## P·V straight from registers
@@ -252,171 +269,126 @@ source(kernel_lib.pv_step)
 # tokens) keeps `m_w = MASKED` and `l_w = 0`: its weight `2^(MASKED - m)` is 0 and it drops out.
 
 # %%
-source(kernel_lib.merge_waves)
+source(kernel_lib.merge_waves, kernel_lib.exchange, kernel_lib.store_chunks)
 
 # %% [markdown]
-# ## The kernel
+# ## The kernel, in three pieces
 #
-# One workgroup of 4 waves per (sequence, KV head). The loop carries, per lane, only `O`
-# (32 registers), `m`, `l` and the page ids of the next tile. Each iteration issues all of
-# its K and V loads first (16 `dwordx4` per lane), reads the next tile's page ids, and
-# computes. V lands while Q·Kᵀ and the softmax run; K's latency is hidden by the other
-# waves, of which there are many: see the register count below. (Prefetching the next
-# tile's K into registers, as chapter 1 does, costs 32 registers per lane and one wave per
-# SIMD of occupancy; with no barrier in the loop, other waves are the cheaper way to cover
-# the latency.)
+# One workgroup of 4 waves per (sequence, KV head). What the workgroup fixes before its loop
+# is one object, `Workgroup`: the lane's coordinates, the buffer resources (V#s, four SGPRs
+# each), the context length and the scales (scalar loads), the query quantized into its four
+# Q·Kᵀ operands (8 registers, held for the whole loop), `c_qk`, and the lane's `Pages`. Its
+# methods are the per-tile math, written with the building blocks above: the scores and the
+# count of the lane's tokens inside the context; the softmax step and P·V; after the loop the
+# merge and the f16 stores. Chapter 3 reuses the whole object with a different loop.
+
+# %% tags=["export"]
+@fx.struct
+class Shared:
+    """The merge's LDS (the kernel's only LDS): 8.5 KB, used once."""
+    stats: fx.Array[fx.Float32, 2 * 16 * WAVES, 16]  # [max | sum][head][wave]
+    xchg: fx.Array[fx.Float32, WAVES * 2 * WAVE * 4, 16]  # [sender][2 slots][lane] x f32x4
+
+
+class Workgroup:
+    """What one workgroup fixes before its loop, and its per-tile math (runs while tracing)."""
+
+    def __init__(self, out, query, key_cache, value_cache, block_tables, context_lengths, key_scale,
+                 value_scale, num_kv_heads, max_blocks, scale_log2, *, block_size, group, fp8_max):
+        G = group
+        self.log2_fmax = math.log2(fp8_max)
+        # col: MFMA column = this lane's query head (and the A-operand row it loads); grp: row band
+        tid, wave, lane, col, grp = self.tid, self.wave, self.lane, self.col, self.grp = lane_coords()
+        seq = fx.Int32(gpu.block_id("x"))
+        kvh = fx.Int32(gpu.block_id("y"))
+        q_rs, k_rs, v_rs, bt_rs, self.o_rs = (rsrc(t) for t in (query, key_cache, value_cache, block_tables, out))
+        self.ctx = ctx = scalar_load(context_lengths, seq)
+        k_scale = scalar_load(key_scale, 0).bitcast(fx.Float32)
+        self.v_scale = scalar_load(value_scale, 0).bitcast(fx.Float32)
+        self.head0 = head0 = seq * (num_kv_heads * G) + kvh * G  # first query row of this group
+        self.q_ops, q_scale = query_operands(q_rs, (head0 + imin(col, G - 1)) * HEAD_DIM, col < G, fp8_max, grp)
+        self.c_qk = q_scale * k_scale * scale_log2
+        last_page = (ctx - 1) // block_size
+        self.num_tiles = (ctx + (TILE - 1)) // TILE
+        self.pages = Pages(bt_rs, k_rs, v_rs, seq * max_blocks, last_page, kvh, num_kv_heads, wave, col, grp,
+                           block_size=block_size)
+
+    def tile_scores(self, t, k_words):
+        """Tile ``t``'s 16 raw scores of this lane, and how many of its 16 tokens are in the context."""
+        s = fx.Vector.from_elements(scores(k_words, self.q_ops), dtype=fx.Float32)
+        return s, self.ctx - (t * TILE + self.wave * SPAN + self.grp * 16)
+
+    def softmax_pv(self, s, v_words, o, m_old, l_old):
+        """The online-softmax step and P·V: the new ``(o, m, l)``."""
+        p_ops, corr, m_new, l_new = softmax_step(s, m_old, l_old, self.c_qk, self.log2_fmax)
+        return pv_step(o, v_words, p_ops, corr), m_new, l_new
+
+    def merge(self, o, m, l):
+        """After the loop: the four waves' results combined; this wave's two d-chunks, normalized."""
+        lds = fx.SharedAllocator().allocate(Shared).peek()
+        return merge_waves(o, fx.Float32(m), fx.Float32(l), self.v_scale, lds, self.wave, self.lane, self.col)
+
+    def store(self, mine):
+        """This lane's share of its head's output row, f16 (only for the group's real heads)."""
+        store_chunks(self.o_rs, mine, (self.head0 + self.col) * (HEAD_DIM * 2), self.wave, self.grp)
+
+
+# %% [markdown]
+# The kernel is then the loop. It carries, per lane, only `O` (32 registers), `m`, `l` and
+# the page ids of the next tile. Each iteration issues all of its K and V loads first (16
+# `dwordx4` per lane), reads the next tile's page ids, and computes. V lands while Q·Kᵀ and
+# the softmax run; K's latency is hidden by the other waves, of which there are many: see
+# the register count below. (Prefetching the next tile's K into registers, as chapter 1
+# does, costs 32 registers per lane and one wave per SIMD of occupancy; with no barrier in
+# the loop, other waves are the cheaper way to cover the latency.) Only the last tile can
+# hold tokens past the context, so only it pays for `mask_tail`: the branch is a scalar
+# compare, the same for the whole workgroup.
+#
+# `jit_launcher` (in `pa_tile.kernel_lib`) makes the `@flyc.jit` launcher every stage has:
+# the kernel's arguments plus `num_seqs` and a stream, one workgroup per (sequence, KV head).
 
 # %% tags=["export"]
 @functools.lru_cache(maxsize=None)
 def build_launcher(block_size: int, group: int, arch: str):
     """The ``@flyc.jit`` launcher for one (block_size, group, arch) specialization."""
-    BS, G = block_size, group
-    FMAX = fp8_max(arch)
-    LOG2_FMAX = math.log2(FMAX)
-    PAGE_BYTES = BS * HEAD_DIM  # one (page, kv head) slab of K or V
-    PAGES_PER_SPAN = SPAN // BS  # 4 (block 16) or 1 (block 64)
 
-    @fx.struct
-    class Shared:
-        stats: fx.Array[fx.Float32, 2 * 16 * WAVES, 16]  # [max | sum][head][wave]
-        xchg: fx.Array[fx.Float32, WAVES * 2 * WAVE * 4, 16]  # [sender][2 slots][lane] x f32x4
-
-    @flyc.kernel(known_block_size=(WAVES * WAVE, 1, 1))
-    def pa_decode_s2(
-        out: fx.Tensor,
-        query: fx.Tensor,
-        key_cache: fx.Tensor,
-        value_cache: fx.Tensor,
-        block_tables: fx.Tensor,
-        context_lengths: fx.Tensor,
-        key_scale: fx.Tensor,
-        value_scale: fx.Tensor,
-        num_kv_heads: fx.Int32,
-        max_blocks: fx.Int32,
-        scale_log2: fx.Float32,
-    ):
-        # col: MFMA column = this lane's query head (and the A-operand row it loads); grp: row band
-        tid, wave, lane, col, grp = lane_coords()
-        seq = fx.Int32(gpu.block_id("x"))
-        kvh = fx.Int32(gpu.block_id("y"))
-        q_rs, k_rs, v_rs, bt_rs, o_rs = (rsrc(t) for t in (query, key_cache, value_cache, block_tables, out))
-        ctx = scalar_load(context_lengths, seq)
-        k_scale = scalar_load(key_scale, 0).bitcast(fx.Float32)
-        v_scale = scalar_load(value_scale, 0).bitcast(fx.Float32)
-        head0 = seq * (num_kv_heads * G) + kvh * G  # first query row of this group
-
-        q_ops, q_scale = query_operands(q_rs, head0 + imin(col, G - 1), col < G, FMAX, grp)
-        c_qk = q_scale * k_scale * scale_log2
-
-        # ---- addressing that stays fixed for the whole loop
-        last_page = (ctx - 1) // BS
-        num_tiles = (ctx + (TILE - 1)) // TILE
-        bt_row = seq * max_blocks
-        if const_expr(PAGES_PER_SPAN > 1):
-            k_lane = (col % 4) * HEAD_DIM + grp * 16  # within the page of K rows `col // 4`
-            v_lane = col * BS  # within page `grp`: channel row `col`, all 16 slots
-        else:
-            k_lane = ((col // 4) * 16 + col % 4) * HEAD_DIM + grp * 16
-            v_lane = col * BS + grp * 16
-        chunk_off = [((j + 2 * wave) % 8) * (16 * BS) for j in range_constexpr(8)]
-        k_page_j = col // 4 if PAGES_PER_SPAN > 1 else 0  # which page of the span holds this lane's K rows
-        v_page_j = grp if PAGES_PER_SPAN > 1 else 0  # ... and its 16 V tokens
-
-        def page_id(tile, j):
-            """Page id of page j of this wave's span in `tile`, clamped to the sequence's last page."""
-            idx = imin(tile * (TILE // BS) + wave * PAGES_PER_SPAN + j, last_page)
-            return buffer_load(bt_rs, (bt_row + idx) * 4, 1)
-
-        def slab(page):
-            return (page * num_kv_heads + kvh) * PAGE_BYTES  # byte offset of (page, kv head)
-
-        def load_k(page):
-            voff = slab(page) + k_lane
-            words = []
-            for a in range_constexpr(4):
-                for h in range_constexpr(2):
-                    # rows 4a.. of the lane's K rows, channels 16·grp (+64 for h = 1)
-                    v = buffer_load(k_rs, voff, 4, offset=a * 4 * HEAD_DIM + h * 64)
-                    words.extend([v[i] for i in range_constexpr(4)])
-            return fx.Vector.from_elements(words, dtype=fx.Int32)
-
-        def load_v(page):
-            voff = slab(page) + v_lane
-            words = []
-            for j in range_constexpr(8):
-                v = buffer_load(v_rs, voff, 4, soffset=chunk_off[j])
-                words.extend([v[k] for k in range_constexpr(4)])
-            return fx.Vector.from_elements(words, dtype=fx.Int32)
-
+    def pa_decode_s2(out: fx.Tensor, query: fx.Tensor, key_cache: fx.Tensor, value_cache: fx.Tensor,
+                     block_tables: fx.Tensor, context_lengths: fx.Tensor, key_scale: fx.Tensor,
+                     value_scale: fx.Tensor, num_kv_heads: fx.Int32, max_blocks: fx.Int32, scale_log2: fx.Float32):
+        wg = Workgroup(out, query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale,
+                       num_kv_heads, max_blocks, scale_log2, block_size=block_size, group=group,
+                       fp8_max=fp8_max(arch))
+        pages = wg.pages
         # Page ids are read one tile ahead, so the loads at the top of an iteration never
         # wait on a block-table read.
         zero4 = fx.Vector.filled(4, 0.0, fx.Float32)
-        state = [page_id(0, k_page_j), page_id(0, v_page_j)] + [zero4] * 8 + [fx.Float32(MASKED), fx.Float32(0.0)]
-        for t, st in range(0, num_tiles, 1, init=state):
+        state = [pages.page_id(0, pages.k_j), pages.page_id(0, pages.v_j)] + [zero4] * 8
+        for t, st in range(0, wg.num_tiles, 1, init=state + [fx.Float32(MASKED), fx.Float32(0.0)]):
             t = fx.Int32(t)
             k_page, v_page = st[0], st[1]
             o = [st[2 + j] for j in range_constexpr(8)]
             m_old, l_old = st[10], st[11]
-            k_words = load_k(k_page)
-            v_words = load_v(v_page)  # in flight during Q·Kᵀ and the softmax
-            k_page_next = page_id(t + 1, k_page_j)  # clamped: always a page of this sequence
-            v_page_next = page_id(t + 1, v_page_j)
+            k_words = pages.k(k_page)
+            v_words = pages.v(v_page)  # in flight during Q·Kᵀ and the softmax
+            k_page_next = pages.page_id(t + 1, pages.k_j)  # clamped: always a page of this sequence
+            v_page_next = pages.page_id(t + 1, pages.v_j)
             # keep all of the tile's loads ahead of its math: left alone, the scheduler would
             # issue V only after K has landed, paying two memory latencies per tile
             fx.rocdl.sched_barrier(0)
-
-            # Q·Kᵀ turned around: s[4a + i] = wave-token 16·grp + 4a + i, head col
-            s = []
-            for a in range_constexpr(4):
-                acc = zero4
-                for h in range_constexpr(2):
-                    for half in range_constexpr(2):
-                        w0 = (2 * a + h) * 4 + 2 * half
-                        acc = mfma(i64(k_words[w0], k_words[w0 + 1]), q_ops[2 * h + half], acc)
-                s.extend([acc[i] for i in range_constexpr(4)])
-            s = fx.Vector.from_elements(s, dtype=fx.Float32)
-
-            n_valid = ctx - (t * TILE + wave * SPAN + grp * 16)  # of this lane's 16 tokens
-            if t + 1 == num_tiles:
+            s, n_valid = wg.tile_scores(t, k_words)
+            if t + 1 == wg.num_tiles:
                 s, v_words = mask_tail(s, v_words, n_valid)
-
-            p_ops, corr, m_new, l_new = softmax_step(s, m_old, l_old, c_qk, LOG2_FMAX)
-            o = pv_step(o, v_words, p_ops, corr)
+            o, m_new, l_new = wg.softmax_pv(s, v_words, o, m_old, l_old)
             res = yield [k_page_next, v_page_next] + o + [m_new, l_new]
 
-        lds = fx.SharedAllocator().allocate(Shared).peek()
-        o0, o1 = merge_waves(
-            [res[2 + j] for j in range_constexpr(8)], fx.Float32(res[10]), fx.Float32(res[11]),
-            v_scale, lds, wave, lane, col, grp,
-        )
-        if col < G:
-            row = (head0 + col) * (HEAD_DIM * 2)
-            buffer_store(o0.to(fx.Float16).bitcast(fx.Int32), o_rs, row + ((2 * wave) * 16 + grp * 4) * 2)
-            buffer_store(o1.to(fx.Float16).bitcast(fx.Int32), o_rs, row + ((2 * wave + 1) * 16 + grp * 4) * 2)
+        # `store` is taken out of `wg` first: a method of `wg` called inside a traced `if` would
+        # make FlyDSL carry `wg` through the branch as a value
+        mine, store = wg.merge([res[2 + j] for j in range_constexpr(8)], res[10], res[11]), wg.store
+        if wg.col < group:
+            store(mine)
 
-    @flyc.jit
-    def launch(
-        out: fx.Tensor,
-        query: fx.Tensor,
-        key_cache: fx.Tensor,
-        value_cache: fx.Tensor,
-        block_tables: fx.Tensor,
-        context_lengths: fx.Tensor,
-        key_scale: fx.Tensor,
-        value_scale: fx.Tensor,
-        num_seqs: fx.Int32,
-        num_kv_heads: fx.Int32,
-        max_blocks: fx.Int32,
-        scale_log2: fx.Float32,
-        stream: fx.Stream = fx.Stream(None),
-    ):
-        with CompilationContext.compile_hints({"fastmath": arith.FastMathFlags.contract}):
-            pa_decode_s2(
-                out, query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale,
-                num_kv_heads, max_blocks, scale_log2,
-            ).launch(grid=(num_seqs, num_kv_heads, 1), block=(WAVES * WAVE, 1, 1), stream=stream)
-
-    return launch
+    # launch(out, query, ..., value_scale, num_seqs, num_kv_heads, max_blocks, scale_log2, stream)
+    return jit_launcher(pa_decode_s2)
 
 
 # %% [markdown]
@@ -473,6 +445,16 @@ def paged_decode(query, key_cache, value_cache, block_tables, context_lengths, k
 # scores in log2 units, a separate online softmax per wave over its 64 tokens of each tile,
 # P scaled by `FP8_MAX` and rounded to fp8, the sum over unrounded P, the 4-way merge.
 # The kernel must match it up to float32 summation order and f16 output rounding.
+#
+# "In the same places" includes how each exponent is formed: the kernel computes `s·c - shift`
+# as one fma, so the model computes it with one rounding too (in float64, where the product of
+# two floats is exact), not `s·c` rounded and then shifted. The two differ by up to an ulp of
+# the row max, which is enough to flip the fp8 code of a heavy token's P now and then. The
+# per-wave softmax and the merge are the library's `softmax_model`, which chapter 4's model
+# shares:
+
+# %%
+source(kernel_lib.model_operands, kernel_lib.softmax_model)
 
 # %% tags=["export"]
 def numerics_model(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale, *,
@@ -483,38 +465,16 @@ def numerics_model(query, key_cache, value_cache, block_tables, context_lengths,
     scale = 1.0 / math.sqrt(HEAD_DIM) if softmax_scale is None else float(softmax_scale)
     ks, vs = float(torch.as_tensor(key_scale).reshape(())), float(torch.as_tensor(value_scale).reshape(()))
     num_seqs, num_q_heads, _ = query.shape
-    _, kvh, bs, _ = key_cache.shape
+    kvh = key_cache.shape[1]
     group = num_q_heads // kvh
     kc = key_cache.view(torch.uint8).view(fp8).float()
     vc = value_cache.view(torch.uint8).view(fp8).float().transpose(2, 3)  # -> [blocks, kvh, bs, 128]
     out = torch.empty(num_seqs, num_q_heads, HEAD_DIM)
     for s in range(num_seqs):
-        n = int(context_lengths[s])
-        pages = block_tables[s, : -(-n // bs)].long()
-        k = kc[pages].permute(1, 0, 2, 3).reshape(kvh, -1, HEAD_DIM)[:, :n]
-        v = vc[pages].permute(1, 0, 2, 3).reshape(kvh, -1, HEAD_DIM)[:, :n]
         q = query[s].float().reshape(kvh, group, HEAD_DIM)
-        amax = q.abs().amax(-1, keepdim=True).clamp_min(1e-20)
-        q8 = (q * (fmax / amax)).to(fp8).float()
-        # the kernel's float32 order: (amax * f32(1/fmax)) * ks * f32(scale * log2 e)
-        x = torch.einsum("hgd,htd->hgt", q8, k) * ((amax * (1.0 / fmax)) * ks * (scale * LOG2E))
-        m = torch.full((kvh, group, WAVES), MASKED)
-        l = torch.zeros(kvh, group, WAVES)
-        o = torch.zeros(kvh, group, WAVES, HEAD_DIM)
-        for t0 in range(0, n, TILE):
-            for w in range(WAVES):
-                lo, hi = t0 + w * SPAN, min(t0 + (w + 1) * SPAN, n)
-                if hi <= lo:
-                    continue
-                xw = x[..., lo:hi]
-                m_new = torch.maximum(m[..., w], xw.amax(-1))
-                corr = torch.exp2(m[..., w] - m_new)
-                p = torch.exp2(xw - (m_new - math.log2(fmax))[..., None])
-                l[..., w] = l[..., w] * corr + p.sum(-1)
-                o[..., w, :] = o[..., w, :] * corr[..., None] + p.to(fp8).float() @ v[:, lo:hi]
-                m[..., w] = m_new
-        f = torch.exp2(m - m.amax(-1, keepdim=True))
-        res = (o * f[..., None]).sum(2) / (l * f).sum(-1)[..., None] * vs
+        q8, q_scale, k, v, _ = model_operands(q, kc, vc, block_tables[s], int(context_lengths[s]), fmax, fp8)
+        c_qk = q_scale * ks * (scale * LOG2E)  # the kernel's float32 order
+        res = softmax_model(torch.einsum("hgd,htd->hgt", q8, k), c_qk, v, fmax, fp8) * vs
         out[s] = res.reshape(num_q_heads, HEAD_DIM)
     return out
 

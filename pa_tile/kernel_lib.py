@@ -7,15 +7,25 @@ Two layers:
 
 * **device helpers**, one hardware operation each: buffer loads/stores through a buffer resource
   (V#), scalar loads, ``v_readfirstlane``, lane exchange, fp8 packing, the fp8 MFMA, LDS access;
-* **stage-2 building blocks** for head_dim 128 on the plain layouts (``query_operands``,
-  ``mask_tail``, ``softmax_step``, ``pv_step``, ``merge_waves``), which chapter 3 reuses unchanged.
-  Later chapters generalize them in their own modules.
+* **building blocks** of the register-resident kernel: ``Pages`` (which K/V bytes a lane loads),
+  ``query_operands``, ``scores``, ``mask_tail``/``zero_tail_v``, ``softmax_step``, ``pv_step``,
+  ``exchange`` and ``merge_waves``. Chapter 2 writes them for its kernel (head_dim 128, plain
+  layouts) and teaches them; chapter 3 reuses them unchanged; their parameters (head size, blocked
+  layouts, per-token P weights, the merge table's stride, exchange slots) are what chapters 4 and 5
+  add, and chapter 4 teaches those.
 
 Everything here runs while FlyDSL traces a kernel (inside ``@flyc.kernel``); nothing launches.
 """
 
+import inspect
+import math
+
+import torch
+
+import flydsl.compiler as flyc
 import flydsl.expr as fx
 from flydsl._mlir import ir
+from flydsl.compiler.kernel_function import CompilationContext
 from flydsl.expr import arith, const_expr, gpu, range_constexpr
 from flydsl.expr.typing import T
 
@@ -24,7 +34,8 @@ __all__ = [
     "ir_value", "rsrc", "buffer_load", "buffer_store", "scalar_load", "uniform", "select", "imin", "imax",
     "fmax", "exp2", "rcp", "xor_lanes", "pack_fp8", "i64", "mfma", "splat4", "lds_ptr", "lds_store",
     "lds_load", "tree_sum", "lane_coords",
-    "query_operands", "quantize_query", "mask_tail", "softmax_step", "pv_step", "merge_waves",
+    "Pages", "query_operands", "quantize_query", "scores", "zero_tail_v", "mask_tail", "exp_shift", "softmax_step",
+    "pv_step", "exchange", "merge_waves", "store_chunks", "jit_launcher", "model_operands", "softmax_model",
 ]
 
 WAVE = 64  # lanes per wave on CDNA
@@ -156,22 +167,88 @@ def lane_coords():
 
 
 # ---------------------------------------------------------------------------------------------
-# stage-2 building blocks (head_dim 128, plain K/V layouts)
+# building blocks: written for chapter 2's kernel (head_dim 128, plain layouts), with the
+# parameters chapters 4 and 5 need (head sizes, blocked layouts, per-token weights, merge tables)
 
 
-def query_operands(q_rs, head, valid, fp8_max, grp):
-    """Load, quantize and pack this lane's share of Q as the four B operands of Q·Kᵀ.
+class Pages:
+    """Where this lane's K and V bytes are: page ids of a tile, and the K and V words a lane loads
+    from a page of one (sequence, KV head).
+
+    Wave ``wave`` owns tokens ``64·wave ..`` of every 256-token tile: 4 pages (block 16) or one
+    (block 64). Lane ``(col, grp)`` loads, for token chunk ``a``, 16 bytes of the K row of
+    wave-token ``16·(col // 4) + 4a + col % 4`` at channels ``16·(grp + 4h)``, and for each
+    d-chunk ``j`` the 16 V bytes of channel ``16j + col``, tokens ``16·grp ..`` (chapter 2).
+    ``k_blocked``: K pages ``[head_dim//16, block, 16]`` instead of ``[block, head_dim]``;
+    ``v_trans``: V pages ``[block//16, head_dim, 16]`` instead of ``[head_dim, block]`` (chapter 4).
+    """
+
+    def __init__(self, bt_rs, k_rs, v_rs, bt_row, last_page, kvh, num_kv_heads, wave, col, grp, *,
+                 block_size, head_dim=HEAD_DIM, k_blocked=False, v_trans=False):
+        self.bt_rs, self.k_rs, self.v_rs, self.bt_row, self.last_page = bt_rs, k_rs, v_rs, bt_row, last_page
+        self.kvh, self.num_kv_heads, self.wave, self.col, self.grp = kvh, num_kv_heads, wave, col, grp
+        self.bs, self.nh, self.nch = block_size, head_dim // 64, head_dim // 16
+        self.pps = SPAN // block_size  # pages per wave span: 4 (block 16) or 1 (block 64)
+        self.page_bytes = block_size * head_dim
+        bs = block_size
+        # bytes between the K rows of consecutive slots, and between 16-channel chunks of a row
+        self.k_row, self.k_chunk = (16, bs * 16) if k_blocked else (head_dim, 16)
+        slot = col % 4 if self.pps > 1 else (col // 4) * 16 + col % 4  # the lane's first K slot on its page
+        self.k_lane = slot * self.k_row + grp * self.k_chunk
+        if self.pps > 1:
+            self.v_lane = col * 16  # page grp of the span (trans-blocked and plain agree for block 16)
+        else:
+            self.v_lane = grp * (head_dim * 16) + col * 16 if v_trans else col * bs + grp * 16
+        v_chunk = 16 * (16 if v_trans or bs == 16 else bs)  # bytes between d-chunks of a V page
+        cpw = self.nch // WAVES
+        # register slot j holds d-chunk (j + cpw·wave) mod nch: the merge then moves fixed slots
+        self.chunk_off = [((j + cpw * wave) % self.nch) * v_chunk for j in range_constexpr(self.nch)]
+        self.k_j = col // 4 if self.pps > 1 else 0  # which page of the span holds the lane's K, V
+        self.v_j = grp if self.pps > 1 else 0
+
+    def page_id(self, tile, j):
+        """Page id of page ``j`` of this wave's span in ``tile``, clamped to the sequence's last
+        page: past the context a wave re-reads that page (its tokens are masked later)."""
+        idx = imin(tile * (TILE // self.bs) + self.wave * self.pps + j, self.last_page)
+        return buffer_load(self.bt_rs, (self.bt_row + idx) * 4, 1)
+
+    def slab(self, page):
+        """Byte offset of (page, KV head) in a K or V cache."""
+        return (page * self.num_kv_heads + self.kvh) * self.page_bytes
+
+    def k(self, page):
+        """The lane's K words: ``4·nh`` dwordx4 from one address register, immediate offsets apart;
+        word ``(nh·a + h)·4 + w`` is chunk ``a``, channel half ``h``."""
+        voff = self.slab(page) + self.k_lane
+        words = []
+        for a in range_constexpr(4):
+            for h in range_constexpr(self.nh):
+                v = buffer_load(self.k_rs, voff, 4, offset=a * 4 * self.k_row + h * 4 * self.k_chunk)
+                words.extend([v[i] for i in range_constexpr(4)])
+        return fx.Vector.from_elements(words, dtype=fx.Int32)
+
+    def v(self, page):
+        """The lane's V words: one dwordx4 per d-chunk slot, the slot's chunk offset in an SGPR."""
+        voff = self.slab(page) + self.v_lane
+        words = []
+        for j in range_constexpr(self.nch):
+            v = buffer_load(self.v_rs, voff, 4, soffset=self.chunk_off[j])
+            words.extend([v[k] for k in range_constexpr(4)])
+        return fx.Vector.from_elements(words, dtype=fx.Int32)
+
+
+def query_operands(q_rs, row_elem, valid, fp8_max, grp, halves=2, dtype=fx.Float16):
+    """Load, quantize and pack this lane's share of one query row as the B operands of Q·Kᵀ.
 
     Returns ``(ops, q_scale)``: ``ops[2h + half]`` holds channels ``16(grp + 4h) + 8·half .. +8``
-    of query row ``head`` as fp8 codes (zeros where ``valid`` is false: padding heads).
+    of the row starting at element ``row_elem`` (``halves`` = head_dim // 64; 16-bit values of
+    ``dtype``) as fp8 codes, zeros where ``valid`` is false (padding rows).
     """
-    row = head * (HEAD_DIM * 2)
     vals = []
-    for h in range_constexpr(2):
-        d0 = 16 * (grp + 4 * h)
+    for h in range_constexpr(halves):
         for half in range_constexpr(2):
-            v = buffer_load(q_rs, row + d0 * 2, 4, offset=16 * half)
-            vals.append(v.bitcast(fx.Float16).to(fx.Float32))
+            v = buffer_load(q_rs, (row_elem + 16 * (grp + 4 * h)) * 2, 4, offset=16 * half)
+            vals.append(v.bitcast(dtype).to(fx.Float32))
     return quantize_query(vals, valid, fp8_max)
 
 
@@ -193,25 +270,42 @@ def quantize_query(vals, valid, fp8_max):
     return ops, amax * (1.0 / fp8_max)
 
 
-def mask_tail(s, v_words, n_valid):
-    """Last tile only: scores of tokens at or past the context -> -inf, their V bytes -> 0.
+def scores(k_words, q_ops, halves=2):
+    """Q·Kᵀ turned around: the lane's 16 raw scores, ``s[4a + i]`` = wave-token ``16·grp + 4a + i``
+    of its query row (K words as ``Pages.k`` loads them; ``halves`` = head_dim // 64)."""
+    s = []
+    for a in range_constexpr(4):
+        acc = fx.Vector.filled(4, 0.0, fx.Float32)
+        for h in range_constexpr(halves):
+            for half in range_constexpr(2):
+                w0 = (a * halves + h) * 4 + 2 * half
+                acc = mfma(i64(k_words[w0], k_words[w0 + 1]), q_ops[2 * h + half], acc)
+        s.extend([fx.Float32(acc[i]) for i in range_constexpr(4)])
+    return s
 
-    ``s[4a + i]`` is wave-token ``16g + 4a + i``; ``v_words[4j + k]`` holds those tokens'
-    bytes ``4k .. 4k+3`` for d-chunk ``j``; ``n_valid`` = tokens of the lane's 16 inside.
-    """
-    ninf = fx.Float32(float("-inf"))
-    s = fx.Vector.from_elements(
-        [fx.Float32(select(n_valid > i, fx.Float32(s[i]), ninf)) for i in range_constexpr(16)], dtype=fx.Float32
-    )
+
+def zero_tail_v(v_words, n_valid):
+    """V bytes of lane-tokens >= ``n_valid`` -> 0: a page's unused slots may hold NaN codes, and
+    0·NaN is NaN inside the MFMA. ``v_words[4j + k]`` holds tokens ``4k .. 4k+3`` of d-chunk ``j``."""
     masks = []
     for k in range_constexpr(4):
         keep = imax(imin(n_valid - 4 * k, 4), 0)  # bytes of dword k to keep: 0..4
         partial = (fx.Int32(1) << (keep * 8 % 32)) - 1
         masks.append(fx.Int32(select(keep > 3, fx.Int32(-1), partial)))
-    v_words = fx.Vector.from_elements(
-        [fx.Int32(v_words[i]) & masks[i % 4] for i in range_constexpr(32)], dtype=fx.Int32
+    n = v_words.numel
+    return fx.Vector.from_elements([fx.Int32(v_words[i]) & masks[i % 4] for i in range_constexpr(n)], dtype=fx.Int32)
+
+
+def mask_tail(s, v_words, n_valid):
+    """Last tile only: scores of tokens at or past the context -> -inf, their V bytes -> 0.
+
+    ``s[4a + i]`` is wave-token ``16g + 4a + i``; ``n_valid`` = tokens of the lane's 16 inside.
+    """
+    ninf = fx.Float32(float("-inf"))
+    s = fx.Vector.from_elements(
+        [fx.Float32(select(n_valid > i, fx.Float32(s[i]), ninf)) for i in range_constexpr(16)], dtype=fx.Float32
     )
-    return s, v_words
+    return s, zero_tail_v(v_words, n_valid)
 
 
 def tree_sum(xs):
@@ -221,11 +315,25 @@ def tree_sum(xs):
     return xs[0]
 
 
-def softmax_step(s, m_old, l_old, c_qk, log2_fp8_max):
+def exp_shift(m_new, log2_fp8_max):
+    """What P's exponent subtracts, ``p = 2^(s·c - shift)``: ``m_new - log2 FP8_MAX`` (the largest
+    P lands on FP8_MAX, the format's whole range spent on P) and a margin of ``|m_new|·2^-21``.
+
+    The row max is rounded once (max(s)·c), each exponent s·c - shift is fused into one fma;
+    they differ by up to an ulp of |m_new|, so at large scores (|m_new| ~ 1e4) the top P could
+    land past FP8_MAX, which the fp8 conversion turns into NaN. The margin, 4 such ulps, keeps it
+    at or under FP8_MAX (one fma per row and tile; P loses a factor 2^-(|m_new|·2^-21), common
+    to the row's P of the tile and cancelled by the normalization up to that factor's change
+    from tile to tile, a relative 2^-21·|Δm|)."""
+    return m_new - log2_fp8_max + fx.Float32(fx.absf(m_new)) * (2.0 ** -21)
+
+
+def softmax_step(s, m_old, l_old, c_qk, log2_fp8_max, p_weight=None):
     """One tile of the online softmax for this lane's 16 raw scores ``s``.
 
     Returns ``(p_ops, corr, m_new, l_new)``: ``p_ops`` are the two P·V B operands (8 fp8
-    codes each, tokens ``16g .. 16g+7`` and ``16g+8 .. 16g+15``).
+    codes each, tokens ``16g .. 16g+7`` and ``16g+8 .. 16g+15``). ``p_weight`` (16 per-token
+    factors in [0, 1], chapter 4) scales P after the sum and before the fp8 rounding.
     """
     s_max = fx.Float32(s[0])
     for i in range_constexpr(1, 16):
@@ -235,9 +343,11 @@ def softmax_step(s, m_old, l_old, c_qk, log2_fp8_max):
     m_tile = fmax(m_tile, xor_lanes(m_tile, 32))
     m_new = fmax(m_old, m_tile)
     corr = exp2(m_old - m_new)
-    shift = m_new - log2_fp8_max
+    shift = exp_shift(m_new, log2_fp8_max)
     p = [exp2(fx.Float32(s[i]) * c_qk - shift) for i in range_constexpr(16)]
     l_new = l_old * corr + tree_sum(p)
+    if const_expr(p_weight is not None):
+        p = [p[i] * fx.Float32(p_weight[i]) for i in range_constexpr(16)]
     words = [pack_fp8(p[4 * a], p[4 * a + 1], p[4 * a + 2], p[4 * a + 3]) for a in range_constexpr(4)]
     return [i64(words[0], words[1]), i64(words[2], words[3])], corr, m_new, l_new
 
@@ -256,30 +366,143 @@ def pv_step(o, v_words, p_ops, corr):
     return out
 
 
-def merge_waves(o, m_w, l_w, v_scale, lds, wave, lane, col, grp):
-    """Combine the four waves' (max, sum, O); returns d-chunks 2·wave and 2·wave+1, normalized."""
+def exchange(xchg, o, wave, lane, slots, more_after=False):
+    """The four-wave sum of ``o`` (this wave's d-chunk accumulators, slot ``j`` = d-chunk
+    ``(j + cpw·wave) mod nch``), a reduce-scatter: returns the ``cpw = len(o) / WAVES`` chunks this
+    wave keeps. In round ``r`` a wave writes the slots wave ``(wave + r) mod 4`` keeps and adds
+    what wave ``(wave - r) mod 4`` wrote, ``slots`` at a time: ``WAVES·WAVE·16·slots`` bytes of LDS
+    at ``xchg``. ``more_after``: another exchange follows (keep the final barrier)."""
+    cpw = len(o) // WAVES
+    o = list(o)
+    for rnd in range_constexpr(1, WAVES):
+        src = (wave + (WAVES - rnd)) % WAVES
+        for b in range_constexpr(0, cpw, slots):
+            for s in range_constexpr(b, b + slots):
+                lds_store(xchg, ((wave * slots + s - b) * WAVE + lane) * 16, o[cpw * rnd + s])
+            gpu.barrier()
+            for s in range_constexpr(b, b + slots):
+                o[s] = o[s] + lds_load(xchg, ((src * slots + s - b) * WAVE + lane) * 16, 4)
+            if const_expr(rnd < WAVES - 1 or b + slots < cpw or more_after):
+                gpu.barrier()  # the next round overwrites the slots just read
+    return o[:cpw]
+
+
+def merge_waves(o, m_w, l_w, v_scale, lds, wave, lane, col, stride=WAVES):
+    """Combine the four waves' (max, sum, O); returns this wave's ``len(o) / WAVES`` d-chunks
+    (``(j + cpw·wave) mod nch``), normalized. ``lds.stats``: the (max, sum) table, head rows
+    ``stride`` words apart (chapter 4 pads them); ``lds.xchg``: the exchange's slots."""
     stats = fx.recast_iter(fx.Uint8, lds.stats.ptr)
-    xchg = fx.recast_iter(fx.Uint8, lds.xchg.ptr)
     l_w = l_w + xor_lanes(l_w, 16)
     l_w = l_w + xor_lanes(l_w, 32)
     # stats: [max | sum][head][wave]; the 4 lanes of a head write the same value to the same word
-    lds_store(stats, (col * WAVES + wave) * 4, fx.Vector.from_elements([m_w], dtype=fx.Float32))
-    lds_store(stats, ((16 + col) * WAVES + wave) * 4, fx.Vector.from_elements([l_w], dtype=fx.Float32))
+    lds_store(stats, (col * stride + wave) * 4, fx.Vector.from_elements([m_w], dtype=fx.Float32))
+    lds_store(stats, ((16 + col) * stride + wave) * 4, fx.Vector.from_elements([l_w], dtype=fx.Float32))
     gpu.barrier()
-    m4 = lds_load(stats, col * WAVES * 4, WAVES)
-    l4 = lds_load(stats, (16 + col) * WAVES * 4, WAVES)
-    m = fmax(fmax(fx.Float32(m4[0]), fx.Float32(m4[1])), fmax(fx.Float32(m4[2]), fx.Float32(m4[3])))
+    if const_expr(stride % 4 == 0):
+        m4 = lds_load(stats, col * stride * 4, WAVES)
+        l4 = lds_load(stats, (16 + col) * stride * 4, WAVES)
+        m4, l4 = [fx.Float32(m4[w]) for w in range(WAVES)], [fx.Float32(l4[w]) for w in range(WAVES)]
+    else:  # rows are not 16-byte aligned: four 4-byte reads each
+        m4 = [fx.Float32(lds_load(stats, (col * stride + w) * 4, 1)[0]) for w in range(WAVES)]
+        l4 = [fx.Float32(lds_load(stats, ((16 + col) * stride + w) * 4, 1)[0]) for w in range(WAVES)]
+    m = fmax(fmax(m4[0], m4[1]), fmax(m4[2], m4[3]))
     total = fx.Float32(0.0)
     for w in range_constexpr(WAVES):
-        total = total + fx.Float32(l4[w]) * exp2(fx.Float32(m4[w]) - m)
+        total = total + l4[w] * exp2(m4[w] - m)
     o = [x * splat4(exp2(m_w - m) * v_scale * rcp(total)) for x in o]
-    for r in range_constexpr(1, WAVES):
-        for s in range_constexpr(2):
-            lds_store(xchg, ((wave * 2 + s) * WAVE + lane) * 16, o[2 * r + s])
-        gpu.barrier()
-        src = (wave + (WAVES - r)) % WAVES
-        for s in range_constexpr(2):
-            o[s] = o[s] + lds_load(xchg, ((src * 2 + s) * WAVE + lane) * 16, 4)
-        if const_expr(r < WAVES - 1):
-            gpu.barrier()  # the next round overwrites the slots just read
-    return o[0], o[1]
+    return exchange(fx.recast_iter(fx.Uint8, lds.xchg.ptr), o, wave, lane, len(o) // WAVES)
+
+
+def store_chunks(o_rs, chunks, row_byte, wave, grp, dtype=fx.Float16):
+    """Store this wave's d-chunks of one output row (at byte ``row_byte``), as ``merge_waves``
+    returns them: chunk ``s`` is d-chunk ``len(chunks)·wave + s``, and lane ``(col, grp)`` writes its
+    channels ``4·grp .. 4·grp+3`` (four 16-bit values of ``dtype``: two dwords)."""
+    per = len(chunks)
+    for s in range_constexpr(per):
+        buffer_store(chunks[s].to(dtype).bitcast(fx.Int32), o_rs, row_byte + ((per * wave + s) * 16 + grp * 4) * 2)
+
+
+# ---------------------------------------------------------------------------------------------
+# the launch
+
+
+def jit_launcher(body, grid_yz=None, contract=True):
+    """The ``@flyc.jit`` launcher of kernel function ``body`` (one workgroup of ``WAVES`` waves per
+    grid point). It takes ``body``'s arguments, with ``out`` first when ``body`` has one, plus
+    ``num_seqs: fx.Int32`` (grid x) before ``num_kv_heads`` and a trailing ``stream``;
+    ``grid_yz(args)`` gives grid y and z from the arguments by name (default: one per KV head).
+    ``contract`` lets the compiler fuse a multiply and an add into one f32 fma."""
+    kernel = flyc.kernel(known_block_size=(WAVES * WAVE, 1, 1))(body)
+    kparams = list(inspect.signature(body).parameters.values())
+    names = [p.name for p in kparams]
+    seqs = inspect.Parameter("num_seqs", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=fx.Int32)
+    params = sorted(kparams, key=lambda p: p.name != "out")  # stable: the rest keep the kernel's order
+    params.insert(next(i for i, p in enumerate(params) if p.name == "num_kv_heads"), seqs)
+    stream = inspect.Parameter("stream", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=fx.Stream(None),
+                               annotation=fx.Stream)
+    grid_yz = grid_yz or (lambda a: (a["num_kv_heads"], 1))
+    hints = {"fastmath": arith.FastMathFlags.contract} if contract else {}
+
+    def launch(**a):
+        with CompilationContext.compile_hints(hints):
+            kernel(*[a[n] for n in names]).launch(grid=(a["num_seqs"],) + tuple(grid_yz(a)),
+                                                  block=(WAVES * WAVE, 1, 1), stream=a["stream"])
+
+    launch.__signature__ = inspect.Signature(params + [stream])
+    return flyc.jit(launch)
+
+
+# ---------------------------------------------------------------------------------------------
+# the host-side model of the building blocks' roundings
+
+
+def model_operands(query_rows, kc, vc, block_row, n, fp8_max, fp8_dtype):
+    """One sequence's operands as the kernel sees them, for the torch models: ``(q8, q_scale, k,
+    v, pages)``: the query rows ``[kvh, group, d]`` quantized to fp8 per row by their amax, the
+    float32 dequantization scale ``amax · f32(1/FP8_MAX)`` (the kernel's order), K and V of the
+    sequence's first ``n`` tokens ``[kvh, n, d]`` from decoded caches ``[blocks, kvh, block, d]``,
+    and the page ids read."""
+    kvh, bs, d = kc.shape[1], kc.shape[2], kc.shape[3]
+    pages = block_row[: -(-n // bs)].long()
+    k = kc[pages].permute(1, 0, 2, 3).reshape(kvh, -1, d)[:, :n]
+    v = vc[pages].permute(1, 0, 2, 3).reshape(kvh, -1, d)[:, :n]
+    amax = query_rows.abs().amax(-1, keepdim=True).clamp_min(1e-20)
+    q8 = (query_rows * (fp8_max / amax)).to(fp8_dtype).float()
+    return q8, amax * torch.tensor(1.0 / fp8_max, dtype=torch.float32), k, v, pages
+
+
+def softmax_model(s, c, v, fp8_max, fp8_dtype, p_weight=None):
+    """float32 torch model of ``softmax_step``, ``pv_step`` and ``merge_waves`` (before the V
+    scale) for one sequence: each wave's online softmax over its 64 tokens of every tile, P
+    rounded to fp8 after ``exp_shift`` (margin included) and the optional per-token weights,
+    the sum over unrounded P, the four-wave merge. ``s`` [kvh, group, n]: the raw float32 scores
+    the kernel holds; ``c`` [kvh, group, 1]: its float32 ``c_qk``; ``v`` [kvh, n, head_dim]: V
+    codes as floats; ``p_weight`` broadcastable to ``s``. Returns [kvh, group, head_dim] float32.
+
+    The roundings are the kernel's: the row max is ``max(s)·c`` rounded once; each exponent
+    ``s·c - shift`` is one fma (one rounding, here in float64: the product of two floats is
+    exact there), not ``s·c`` rounded and then shifted. The difference is up to an ulp of the
+    row max, which at |m| ~ 10 is enough to flip the fp8 code of a heavy token's P now and then."""
+    kvh, group, n = s.shape
+    log2_fmax = torch.tensor(math.log2(fp8_max), dtype=torch.float32)  # as the kernel's f32 constant
+    m = torch.full((kvh, group, WAVES), MASKED)
+    l = torch.zeros(kvh, group, WAVES)
+    o = torch.zeros(kvh, group, WAVES, v.shape[-1])
+    for t0 in range(0, n, TILE):
+        for w in range(WAVES):
+            lo, hi = t0 + w * SPAN, min(t0 + (w + 1) * SPAN, n)
+            if hi <= lo:
+                continue
+            sw = s[..., lo:hi]
+            m_new = torch.maximum(m[..., w], sw.amax(-1) * c[..., 0])
+            corr = torch.exp2(m[..., w] - m_new)
+            # exp_shift, in its float32 order: (m - log2 FP8_MAX) + |m|·2^-21 (the product is exact)
+            shift = (m_new - log2_fmax) + m_new.abs() * 2.0 ** -21
+            p = torch.exp2((sw.double() * c.double() - shift.double()[..., None]).float())
+            l[..., w] = l[..., w] * corr + p.sum(-1)
+            if p_weight is not None:
+                p = p * p_weight[..., lo:hi]
+            o[..., w, :] = o[..., w, :] * corr[..., None] + p.to(fp8_dtype).float() @ v[:, lo:hi]
+            m[..., w] = m_new
+    f = torch.exp2(m - m.amax(-1, keepdim=True))
+    return (o * f[..., None]).sum(2) / (l * f).sum(-1)[..., None]

@@ -252,3 +252,25 @@ def test_gpu_long_contexts(q_dtype, scales, v_layout):
         out = s4.paged_decode(*_args(case, v_layout, "cuda"), arch=arch, v_layout=v_layout).cpu()
         model = s4.numerics_model(*_args(case, v_layout), arch=arch, v_layout=v_layout)
         assert not ((out.float() - model).abs() > MODEL_ATOL + ULP[q_dtype] * model.abs()).any()
+
+
+@pytest.mark.parametrize("scales", ["per-tensor", "per-token"])
+@pytest.mark.parametrize("arch", ARCHS)
+def test_large_scores_stay_finite(arch, scales, device):
+    """K scales of 1e4 (per token) and 1e5 (per tensor) make scores of ~1e4-1e5 in log2 units:
+    without ``kernel_lib.exp_shift``'s margin the top P came out just past FP8_MAX and its fp8
+    conversion made it NaN. Against the model (which fuses each exponent as the kernel does) the
+    tolerances are this module's: the same roundings, up to summation order, v_exp_f32's ulp and
+    the output rounding. Per tensor the reference tolerance holds too (one-hot softmax, P's fp8
+    rounding <= 2^-4 relative); per token it cannot: the fp8 query's rounding (2^-4 of a score)
+    times scores this large moves the softmax weights by whole factors, in the model as well."""
+    case = _case(arch, 16, contexts=[300, 40], seed=3, scales=scales)
+    case.k_scale.mul_(1e4 if scales == "per-token" else 1e5)
+    out = s4.paged_decode(*_args(case, device=device), arch=arch).cpu()
+    assert torch.isfinite(out.float()).all()
+    if scales == "per-tensor":
+        ref = case.reference().float()
+        assert ((out.float() - ref).abs() <= REF_ATOL + REF_RTOL * ref.abs()).all()
+    model = s4.numerics_model(*_args(case), arch=arch)
+    bad = (out.float() - model).abs() > MODEL_ATOL + ULP[torch.float16] * model.abs()
+    assert not bad.any(), f"{int(bad.sum())} outputs off the model"

@@ -26,21 +26,20 @@ import math
 
 import torch
 
-import flydsl.compiler as flyc
 import flydsl.expr as fx
-from flydsl.compiler.kernel_function import CompilationContext
-from flydsl.expr import arith, const_expr, gpu, range_constexpr
+from flydsl.expr import const_expr, gpu, range_constexpr
 
 from pa_tile import launching, problem
 from pa_tile.arch import fp8_max
 from pa_tile.kernel_lib import (
-    LOG2E, MASKED, SPAN, TILE, WAVE, WAVES, buffer_load, buffer_store, exp2, fmax, i64, imax, imin,
-    lane_coords, lds_load, lds_store, mfma, pack_fp8, quantize_query, rcp, rsrc, scalar_load, select, splat4,
-    tree_sum, uniform, xor_lanes,
+    LOG2E, MASKED, SPAN, TILE, WAVE, WAVES, Pages, buffer_load, buffer_store, exchange, exp2, exp_shift, fmax, i64,
+    imax, imin, jit_launcher, lane_coords, lds_load, lds_store, mfma, pack_fp8, query_operands, rcp, rsrc,
+    scalar_load, scores, select, splat4, tree_sum, xor_lanes, zero_tail_v,
 )
 
 __all__ = ["paged_decode", "paged_decode_partials", "build_launcher", "launch_args", "kernel_args", "plan",
-           "LIMITS", "K_LAYOUT", "V_LAYOUT", "DEFAULT_M_TILES", "exchange_slots"]
+           "LIMITS", "K_LAYOUT", "V_LAYOUT", "DEFAULT_M_TILES", "exchange_slots", "LanePages", "query_rows",
+           "tile_range", "stage_scales", "phase_b", "store_stats", "merge_weights"]
 
 #: what the stage-5 kernel supports (upstream's tile kernel takes head_dim 64, 128 and 256 too)
 LIMITS = problem.Limits(stage="s5", head_dims=(64, 128, 256), block_sizes=(16, 64), groups=None, max_group=32,
@@ -72,21 +71,6 @@ def plan(head_dim, group, query_length, m_tiles=None):
     return rows, total, per_wg, groups
 
 
-def _query_operands(q_rs, row_elem, valid, fp8_max, grp, head_dim, q_dtype):
-    """This lane's share of one query row, quantized to fp8, as the Q·Kᵀ B operands.
-
-    ``ops[2h + half]`` = channels ``16(grp + 4h) + 8·half .. +8`` (zeros if not ``valid``);
-    also returns the row's dequantization scale amax/FP8_MAX.
-    """
-    vals = []
-    for h in range_constexpr(head_dim // 64):
-        d0 = 16 * (grp + 4 * h)
-        for half in range_constexpr(2):
-            v = buffer_load(q_rs, (row_elem + d0) * 2, 4, offset=16 * half)
-            vals.append(v.bitcast(q_dtype).to(fx.Float32))
-    return quantize_query(vals, valid, fp8_max)
-
-
 def _mask_scores(s_all, n_hi, n_lo, mt):
     """Scores of tokens a row may not see -> -inf. ``s_all[16m + i]`` is lane-token ``i`` of
     M-tile ``m``; row ``m`` sees lane-tokens ``n_lo[m] <= i < n_hi[m]`` (``n_lo`` None: no
@@ -102,18 +86,6 @@ def _mask_scores(s_all, n_hi, n_lo, mt):
     return fx.Vector.from_elements(out, dtype=fx.Float32)
 
 
-def _zero_tail_v(v_words, n_valid, nch):
-    """V bytes of lane-tokens >= ``n_valid`` -> 0: a NaN code times P = 0 would still be NaN."""
-    masks = []
-    for k in range_constexpr(4):
-        keep = imax(imin(n_valid - 4 * k, 4), 0)  # bytes of dword k to keep: 0..4
-        partial = (fx.Int32(1) << (keep * 8 % 32)) - 1
-        masks.append(fx.Int32(select(keep > 3, fx.Int32(-1), partial)))
-    return fx.Vector.from_elements(
-        [fx.Int32(v_words[i]) & masks[i % 4] for i in range_constexpr(4 * nch)], dtype=fx.Int32
-    )
-
-
 def _row_max(s, c):
     m = fx.Float32(s[0])
     for i in range_constexpr(1, 16):
@@ -127,12 +99,7 @@ def _exp_pack(s, c, m_new, log2_fp8_max, v_weight):
     """P = 2^(s·c - m_new + log2 FP8_MAX) (largest = FP8_MAX), its lane sum, and P (times the
     per-token V weights ``v_weight(a)`` of lane-tokens 4a..4a+3, if any) packed as the two P·V B
     operands."""
-    # The row max is rounded once (max(s)·c), each exponent s·c - shift is fused; they differ by up
-    # to an ulp of |m_new|, so at large scores (|m_new| ~ 1e4) the top P could land past FP8_MAX,
-    # which the fp8 conversion turns into NaN. A margin of 4 such ulps keeps it at or under FP8_MAX
-    # (one fma per row and tile; P loses a factor 2^-(|m_new|·2^-21), common to the row's P and
-    # cancelled by the normalization).
-    shift = m_new - log2_fp8_max + fx.Float32(fx.absf(m_new)) * (2.0 ** -21)
+    shift = exp_shift(m_new, log2_fp8_max)  # with the margin that keeps the top P finite
     p = [exp2(fx.Float32(s[i]) * c - shift) for i in range_constexpr(16)]
     total = tree_sum(list(p))
     words = []
@@ -147,54 +114,15 @@ def _exp_pack(s, c, m_new, log2_fp8_max, v_weight):
     return [i64(words[0], words[1]), i64(words[2], words[3])], total
 
 
-class _Pages:
-    """Addressing of one (sequence, KV head)'s pages for this lane: page ids of a tile, and the
-    K words, V words and per-token scale a lane loads from a page (chapter 4's layouts)."""
+class LanePages(Pages):
+    """Chapter 4's ``Pages`` (blocked K; trans-blocked or plain V) plus the one per-token scale a
+    lane loads per tile: lane ``lane``'s token of the wave's 64, on the page of its V tokens."""
 
     def __init__(self, bt_rs, k_rs, v_rs, bt_row, last_page, kvh, num_kv_heads, wave, lane, col, grp, *,
                  block_size, head_dim, trans_v):
-        self.bt_rs, self.k_rs, self.v_rs, self.bt_row, self.last_page = bt_rs, k_rs, v_rs, bt_row, last_page
-        self.kvh, self.num_kv_heads, self.wave = kvh, num_kv_heads, wave
-        self.bs, self.nh, self.nch = block_size, head_dim // 64, head_dim // 16
-        self.pps = SPAN // block_size  # pages per wave span: 4 (block 16) or 1 (block 64)
-        self.page_bytes = block_size * head_dim
-        bs = block_size
-        if self.pps > 1:
-            self.k_lane = (col % 4) * 16 + grp * (bs * 16)  # page col // 4 of the span, K rows col%4 + 4a
-            self.v_lane = col * 16  # page grp of the span (trans-blocked and plain agree for block 16)
-        else:
-            self.k_lane = ((col // 4) * 16 + col % 4) * 16 + grp * (bs * 16)
-            self.v_lane = grp * (head_dim * 16) + col * 16 if trans_v else col * bs + grp * 16
-        self.s_tok = col if self.pps > 1 else lane  # this lane's token of the wave's 64, on its V page
-        v_chunk = 16 * (16 if trans_v or bs == 16 else bs)  # bytes between d-chunks of a V page
-        cpw = self.nch // WAVES
-        self.chunk_off = [((j + cpw * wave) % self.nch) * v_chunk for j in range_constexpr(self.nch)]
-        self.k_j = col // 4 if self.pps > 1 else 0  # which page of the span holds the lane's K, V
-        self.v_j = grp if self.pps > 1 else 0
-
-    def page_id(self, tile, j):
-        idx = imin(tile * (TILE // self.bs) + self.wave * self.pps + j, self.last_page)
-        return buffer_load(self.bt_rs, (self.bt_row + idx) * 4, 1)
-
-    def _slab(self, page):
-        return (page * self.num_kv_heads + self.kvh) * self.page_bytes
-
-    def k(self, page):
-        voff = self._slab(page) + self.k_lane
-        words = []
-        for a in range_constexpr(4):
-            for h in range_constexpr(self.nh):
-                v = buffer_load(self.k_rs, voff, 4, offset=a * 64 + h * (4 * self.bs * 16))
-                words.extend([v[i] for i in range_constexpr(4)])
-        return fx.Vector.from_elements(words, dtype=fx.Int32)
-
-    def v(self, page):
-        voff = self._slab(page) + self.v_lane
-        words = []
-        for j in range_constexpr(self.nch):
-            v = buffer_load(self.v_rs, voff, 4, soffset=self.chunk_off[j])
-            words.extend([v[k] for k in range_constexpr(4)])
-        return fx.Vector.from_elements(words, dtype=fx.Int32)
+        super().__init__(bt_rs, k_rs, v_rs, bt_row, last_page, kvh, num_kv_heads, wave, col, grp,
+                         block_size=block_size, head_dim=head_dim, k_blocked=True, v_trans=trans_v)
+        self.s_tok = col if self.pps > 1 else lane
 
     def scale(self, rs, page):
         return buffer_load(rs, ((page * self.num_kv_heads + self.kvh) * self.bs + self.s_tok) * 4, 1).bitcast(fx.Float32)
@@ -217,19 +145,6 @@ def _staged_q(shared, m, lane, nh):
 
 def _staged_q_scale(shared, m, lane, scales_at):
     return fx.Float32(lds_load(shared, scales_at + (m * WAVE + lane) * 4, 1)[0])
-
-
-def _scores(k_words, q_ops, nh):
-    """The lane's 16 scores of one M-tile: lane-tokens 4a + i of its row."""
-    s = []
-    for a in range_constexpr(4):
-        acc = fx.Vector.filled(4, 0.0, fx.Float32)
-        for h in range_constexpr(nh):
-            for half in range_constexpr(2):
-                w0 = (a * nh + h) * 4 + 2 * half
-                acc = mfma(i64(k_words[w0], k_words[w0 + 1]), q_ops[2 * h + half], acc)
-        s.extend([fx.Float32(acc[i]) for i in range_constexpr(4)])
-    return s
 
 
 def _pv(o, v_words, p_ops, f4, vmax=None):
@@ -259,23 +174,88 @@ def _v_weights(v_sc1, live):
     return v_sc1, vmax, rcp(vmax)
 
 
-def _exchange(shared, o, wave, lane, slots, more_after):
-    """The four-wave sum of ``o`` (this wave's d-chunk accumulators): returns the ``len(o) / WAVES``
-    chunks this wave keeps, ``WAVES·WAVE·16·slots`` bytes of ``shared`` per round. ``more_after``:
-    another exchange follows (keep the final barrier)."""
-    cpw = len(o) // WAVES
-    o = list(o)
-    for rnd in range_constexpr(1, WAVES):
-        src = (wave + (WAVES - rnd)) % WAVES
-        for b in range_constexpr(0, cpw, slots):
-            for s in range_constexpr(b, b + slots):
-                lds_store(shared, ((wave * slots + s - b) * WAVE + lane) * 16, o[cpw * rnd + s])
-            gpu.barrier()
-            for s in range_constexpr(b, b + slots):
-                o[s] = o[s] + lds_load(shared, ((src * slots + s - b) * WAVE + lane) * 16, 4)
-            if const_expr(rnd < WAVES - 1 or b + slots < cpw or more_after):
-                gpu.barrier()  # the next round overwrites the slots just read
-    return o[:cpw]
+def query_rows(mgrp, col, mt, rows_total, ql, group):
+    """``(r, qi, g)`` per M-tile: the lane's flattened row (MTP position outer, head inner), its
+    position and head; padding rows past ``rows_total`` read the last real one."""
+    rows = []
+    for m in range_constexpr(mt):
+        r = (mgrp * mt + m) * 16 + col
+        rc = imin(r, rows_total - 1)  # padding rows read a real row, quantized to zeros
+        qi = fx.Int32(0)
+        for k in range_constexpr(1, ql):  # rc // G without a division (G need not be a power of 2)
+            qi = qi + fx.Int32(select(rc >= k * group, fx.Int32(1), fx.Int32(0)))
+        rows.append((r, qi, rc - qi * group))
+    return rows
+
+
+def tile_range(ctx, part, block_size, ql, window, num_partitions):
+    """``(last_page, t_start, t_end)``: the sequence's last page and this workgroup's tiles."""
+    last_page = (ctx - 1) // block_size
+    num_tiles = (ctx + (TILE - 1)) // TILE
+    first = 0
+    if const_expr(window > 0):
+        first = imax(ctx - (ql - 1) - window, 0) // TILE  # tiles wholly before every row's window are skipped
+    if const_expr(num_partitions > 1):
+        tpp = (num_tiles + (num_partitions - 1)) // num_partitions
+        return last_page, imax(part * tpp, first), imin(part * tpp + tpp, num_tiles)
+    return last_page, fx.Int32(first), num_tiles
+
+
+def stage_scales(sc_lds, sc_k, sc_v, k_sc1, v_sc1, t, wave, lane, ctx, ql, window):
+    """This lane's K scale and V weight ``v_scale / vmax`` to its wave's LDS slots; returns ``(vmax,
+    1/vmax)``. Tokens no row can see get V scale 0 (out of the max, weight 0)."""
+    span0 = t * TILE + wave * SPAN
+    live = lane < ctx - span0
+    if const_expr(window > 0):
+        live = live & (lane >= ctx - (ql - 1) - window - span0)
+    v_sc1, vmax, rv = _v_weights(v_sc1, live)  # one factor for all 64 tokens of the wave
+    lds_store(sc_lds, sc_k + lane * 4, fx.Vector.from_elements([k_sc1], dtype=fx.Float32))
+    lds_store(sc_lds, sc_v + lane * 4, fx.Vector.from_elements([v_sc1 * rv], dtype=fx.Float32))
+    return vmax, rv
+
+
+def phase_b(o_all, v_words, p_all, corr_all, per_token=None):
+    """Every M-tile's P·V on V's registers (V as A, P as B: O is [d, row]); ``per_token`` is the
+    wave's ``(1/vmax, vmax)``."""
+    nch = len(o_all) // len(p_all)
+    o_next = []
+    for m in range_constexpr(len(p_all)):
+        fx.rocdl.sched_barrier(0)
+        f4 = splat4(corr_all[m] * per_token[0] if const_expr(per_token is not None) else corr_all[m])
+        o_next += _pv(o_all[m * nch:(m + 1) * nch], v_words, p_all[m], f4,
+                      per_token[1] if const_expr(per_token is not None) else None)
+    return o_next
+
+
+def store_stats(stats, m_w, l_w, wave, col):
+    """Each M-tile's (max, sum) of this wave (the sum over the row's 4 lanes) to the merge's
+    table, ``[m-tile][max | sum][row][wave]``."""
+    for m in range_constexpr(len(m_w)):
+        lw = fx.Float32(l_w[m])
+        lw = lw + xor_lanes(lw, 16)
+        lw = lw + xor_lanes(lw, 32)
+        base = m * 2 * 16 * WAVES
+        lds_store(stats, (base + col * WAVES + wave) * 4, fx.Vector.from_elements([fx.Float32(m_w[m])], dtype=fx.Float32))
+        lds_store(stats, (base + (16 + col) * WAVES + wave) * 4, fx.Vector.from_elements([lw], dtype=fx.Float32))
+
+
+def merge_weights(stats, m, col, m_w, o_w, v_scale, split):
+    """M-tile ``m``'s row max and sum over the four waves, and this wave's accumulators ``o_w``
+    scaled by its weight ``2^(m_w - max) / sum`` (times ``v_scale`` per tensor; 0 for a row a
+    partition of a ``split`` cannot see): ``(o, max, sum)``."""
+    base = m * 2 * 16 * WAVES
+    m4 = lds_load(stats, (base + col * WAVES) * 4, WAVES)
+    l4 = lds_load(stats, (base + (16 + col) * WAVES) * 4, WAVES)
+    mx = fmax(fmax(fx.Float32(m4[0]), fx.Float32(m4[1])), fmax(fx.Float32(m4[2]), fx.Float32(m4[3])))
+    total = fx.Float32(0.0)
+    for w in range_constexpr(WAVES):
+        total = total + fx.Float32(l4[w]) * exp2(fx.Float32(m4[w]) - mx)
+    f = exp2(fx.Float32(m_w) - mx) * rcp(total)
+    if const_expr(v_scale is not None):
+        f = f * v_scale
+    if const_expr(split):
+        f = fx.Float32(select(total > 0.0, f, fx.Float32(0.0)))  # empty partition row: 0, not 0·inf
+    return [fx.Vector(x) * splat4(f) for x in o_w], mx, total
 
 
 def exchange_slots(head_dim, m_tiles):
@@ -325,7 +305,6 @@ def build_launcher(arch, block_size, head_dim, group, query_length, q_dtype="f16
         shared: fx.Array[fx.Float32, SHARED_BYTES // 4, 16]
         scales: fx.Array[fx.Float32, SC_FLOATS, 16]
 
-    @flyc.kernel(known_block_size=(WAVES * WAVE, 1, 1))
     def pa_decode_s5(
         out: fx.Tensor, pmax: fx.Tensor, psum: fx.Tensor, pout: fx.Tensor,
         query: fx.Tensor, key_cache: fx.Tensor, value_cache: fx.Tensor, block_tables: fx.Tensor,
@@ -345,15 +324,7 @@ def build_launcher(arch, block_size, head_dim, group, query_length, q_dtype="f16
         lds = fx.SharedAllocator().allocate(Shared).peek()
         shared = fx.recast_iter(fx.Uint8, lds.shared.ptr)
 
-        # ---- query rows: flattened (MTP position, head), 16 per M-tile
-        rows = []
-        for m in range_constexpr(MT):
-            r = (mgrp * MT + m) * 16 + col
-            rc = imin(r, ROWS - 1)  # padding rows read a real row, quantized to zeros
-            qi = fx.Int32(0)
-            for k in range_constexpr(1, QL):  # rc // G without a division (G need not be a power of 2)
-                qi = qi + fx.Int32(select(rc >= k * G, fx.Int32(1), fx.Int32(0)))
-            rows.append((r, qi, rc - qi * G))
+        rows = query_rows(mgrp, col, MT, ROWS, QL, G)
         if const_expr(not per_token):
             k_scale = scalar_load(key_scale, 0).bitcast(fx.Float32)
             v_scale = scalar_load(value_scale, 0).bitcast(fx.Float32)
@@ -365,7 +336,7 @@ def build_launcher(arch, block_size, head_dim, group, query_length, q_dtype="f16
             if wave == m % WAVES:
                 r, qi, g = rows[m]
                 row_elem = (seq * QL + qi) * q_stride_row + (kvh * G + g) * q_stride_head
-                ops, q_scale = _query_operands(q_rs, row_elem, r < ROWS, FMAX, grp, HD, QDT)
+                ops, q_scale = query_operands(q_rs, row_elem, r < ROWS, FMAX, grp, NH, QDT)
                 _stage_q(shared, m, lane, ops, q_scale, NH, Q_SCALES)
         gpu.barrier()
         c_qk = []
@@ -377,19 +348,8 @@ def build_launcher(arch, block_size, head_dim, group, query_length, q_dtype="f16
         # (and, with a window, > it - W). As lane-token counts: n_hi = hi1 - (lane's first token).
         hi1 = [ctx - (QL - 1) + rows[m][1] for m in range_constexpr(MT)]
 
-        # ---- this workgroup's tiles
-        last_page = (ctx - 1) // BS
-        num_tiles = (ctx + (TILE - 1)) // TILE
-        first = 0
-        if const_expr(W > 0):
-            first = imax(ctx - (QL - 1) - W, 0) // TILE  # tiles wholly before every row's window are skipped
-        if const_expr(NP > 1):
-            tpp = (num_tiles + (NP - 1)) // NP
-            t_start = imax(part * tpp, first)
-            t_end = imin(part * tpp + tpp, num_tiles)
-        else:
-            t_start, t_end = fx.Int32(first), num_tiles
-        pages = _Pages(bt_rs, k_rs, v_rs, seq * max_blocks, last_page, kvh, num_kv_heads, wave, lane, col, grp,
+        last_page, t_start, t_end = tile_range(ctx, part, BS, QL, W, NP)
+        pages = LanePages(bt_rs, k_rs, v_rs, seq * max_blocks, last_page, kvh, num_kv_heads, wave, lane, col, grp,
                        block_size=BS, head_dim=HD, trans_v=trans_v)
 
         if const_expr(per_token):
@@ -425,7 +385,7 @@ def build_launcher(arch, block_size, head_dim, group, query_length, q_dtype="f16
             v_words = k_words  # a stand-in of the same type until V is issued (the mask branch yields it)
             for m in range_constexpr(MT):
                 fx.rocdl.sched_barrier(0)  # one M-tile at a time: interleaved, their temporaries add up
-                s = _scores(k_words, _staged_q(shared, m, lane, NH), NH)
+                s = scores(k_words, _staged_q(shared, m, lane, NH), NH)
                 if const_expr(m == MT - 1):
                     fx.rocdl.sched_barrier(0)
                     v_words = pages.v(v_page)
@@ -436,13 +396,7 @@ def build_launcher(arch, block_size, head_dim, group, query_length, q_dtype="f16
                     # hold finite scales too; in the wave max they would shrink every real token's
                     # weight v_scale/vmax and with it P before its e4m3 rounding. 0 keeps them out
                     # (and gives them weight 0, even for a NaN scale).
-                    span0 = t * TILE + wave * SPAN
-                    live = lane < ctx - span0
-                    if const_expr(W > 0):
-                        live = live & (lane >= ctx - (QL - 1) - W - span0)
-                    v_sc1, vmax, rv = _v_weights(v_sc1, live)  # one factor for all 64 tokens of the wave
-                    lds_store(sc_lds, sc_k + lane * 4, fx.Vector.from_elements([k_sc1], dtype=fx.Float32))
-                    lds_store(sc_lds, sc_v + lane * 4, fx.Vector.from_elements([v_sc1 * rv], dtype=fx.Float32))
+                    vmax, rv = stage_scales(sc_lds, sc_k, sc_v, k_sc1, v_sc1, t, wave, lane, ctx, QL, W)
                 if const_expr(per_token):
                     for q in range_constexpr(4):
                         fx.rocdl.sched_barrier(0)  # 4 scales at a time, not 16 next to V in flight
@@ -456,7 +410,7 @@ def build_launcher(arch, block_size, head_dim, group, query_length, q_dtype="f16
                     if t * TILE + TILE > ctx - QL + 1:  # only tiles holding a causally hidden or absent token
                         s = _mask_scores(s, [hi1[m] - tok], None, 1)
                         if const_expr(m == MT - 1):
-                            v_words = _zero_tail_v(v_words, ctx - tok, NCH)
+                            v_words = zero_tail_v(v_words, ctx - tok)
                 mx = fmax(fx.Float32(st[M0 + m]), _row_max(s, c_qk[m]))
                 v_weight = functools.partial(lane_scales, sc_v) if const_expr(per_token) else None
                 p_ops, p_sum = _exp_pack(s, c_qk[m], mx, LOG2_FMAX, v_weight)
@@ -469,46 +423,26 @@ def build_launcher(arch, block_size, head_dim, group, query_length, q_dtype="f16
                 corr_all.append(corr)
                 m_new.append(mx)
             if const_expr(W > 0):
-                v_words = _zero_tail_v(v_words, ctx - tok, NCH)
+                v_words = zero_tail_v(v_words, ctx - tok)
 
             # ---- phase B: every M-tile's P·V on V's registers (V as A, P as B: O is [d, row])
-            o_next = []
-            for m in range_constexpr(MT):
-                fx.rocdl.sched_barrier(0)
-                f4 = splat4(corr_all[m] * rv if const_expr(per_token) else corr_all[m])
-                o_next += _pv([st[O0 + m * NCH + j] for j in range_constexpr(NCH)], v_words, p_all[m], f4,
-                              vmax if const_expr(per_token) else None)
+            o_next = phase_b([st[O0 + i] for i in range_constexpr(MT * NCH)], v_words, p_all, corr_all,
+                             (rv, vmax) if const_expr(per_token) else None)
             res = yield [k_page_next, v_page_next] + o_next + m_new + l_next
 
         # ---- merge the four waves, one M-tile at a time, XS d-chunk slots per exchange round
         stats = fx.recast_iter(fx.Uint8, lds.stats.ptr)
-        for m in range_constexpr(MT):
-            lw = fx.Float32(res[L0 + m])
-            lw = lw + xor_lanes(lw, 16)
-            lw = lw + xor_lanes(lw, 32)
-            base = m * 2 * 16 * WAVES
-            lds_store(stats, (base + col * WAVES + wave) * 4, fx.Vector.from_elements([fx.Float32(res[M0 + m])], dtype=fx.Float32))
-            lds_store(stats, (base + (16 + col) * WAVES + wave) * 4, fx.Vector.from_elements([lw], dtype=fx.Float32))
+        store_stats(stats, [res[M0 + m] for m in range_constexpr(MT)], [res[L0 + m] for m in range_constexpr(MT)],
+                    wave, col)
         gpu.barrier()  # also: every wave is past its last read of the staged query
         if const_expr(NP == 1):
             o_rs = rsrc(out)
         else:
             o_rs, mx_rs, sm_rs = rsrc(pout), rsrc(pmax), rsrc(psum)
         for m in range_constexpr(MT):
-            base = m * 2 * 16 * WAVES
-            m4 = lds_load(stats, (base + col * WAVES) * 4, WAVES)
-            l4 = lds_load(stats, (base + (16 + col) * WAVES) * 4, WAVES)
-            mx = fmax(fmax(fx.Float32(m4[0]), fx.Float32(m4[1])), fmax(fx.Float32(m4[2]), fx.Float32(m4[3])))
-            total = fx.Float32(0.0)
-            for w in range_constexpr(WAVES):
-                total = total + fx.Float32(l4[w]) * exp2(fx.Float32(m4[w]) - mx)
-            f = exp2(fx.Float32(res[M0 + m]) - mx) * rcp(total)
-            if const_expr(not per_token):
-                f = f * v_scale
-            if const_expr(NP > 1):
-                f = fx.Float32(select(total > 0.0, f, fx.Float32(0.0)))  # empty partition row: 0, not 0·inf
-            o = [fx.Vector(res[O0 + m * NCH + j]) * splat4(f) for j in range_constexpr(NCH)]
-            o = _exchange(shared, o, wave, lane, XS, m < MT - 1)
+            o, mx, total = merge_weights(stats, m, col, res[M0 + m], [res[O0 + m * NCH + j] for j in range_constexpr(NCH)],
+                                         None if const_expr(per_token) else v_scale, NP > 1)
+            o = exchange(shared, o, wave, lane, XS, m < MT - 1)
             r, qi, g = rows[m]
             if r < ROWS:
                 for s in range_constexpr(CPW):
@@ -526,22 +460,8 @@ def build_launcher(arch, block_size, head_dim, group, query_length, q_dtype="f16
                             buffer_store(fx.Float32(mx * (1.0 / LOG2E)).bitcast(fx.Int32), mx_rs, prow * 4)
                             buffer_store(fx.Float32(total * (1.0 / FMAX)).bitcast(fx.Int32), sm_rs, prow * 4)
 
-    @flyc.jit
-    def launch(
-        out: fx.Tensor, pmax: fx.Tensor, psum: fx.Tensor, pout: fx.Tensor,
-        query: fx.Tensor, key_cache: fx.Tensor, value_cache: fx.Tensor, block_tables: fx.Tensor,
-        context_lengths: fx.Tensor, key_scale: fx.Tensor, value_scale: fx.Tensor,
-        num_seqs: fx.Int32, num_kv_heads: fx.Int32, max_blocks: fx.Int32,
-        q_stride_row: fx.Int32, q_stride_head: fx.Int32, scale_log2: fx.Float32,
-        stream: fx.Stream = fx.Stream(None),
-    ):
-        with CompilationContext.compile_hints({"fastmath": arith.FastMathFlags.contract}):
-            pa_decode_s5(
-                out, pmax, psum, pout, query, key_cache, value_cache, block_tables, context_lengths,
-                key_scale, value_scale, num_kv_heads, max_blocks, q_stride_row, q_stride_head, scale_log2,
-            ).launch(grid=(num_seqs, num_kv_heads * MG, NP), block=(WAVES * WAVE, 1, 1), stream=stream)
-
-    return launch
+    # launch(out, pmax, psum, pout, query, ..., value_scale, num_seqs, num_kv_heads, ..., scale_log2, stream)
+    return jit_launcher(pa_decode_s5, grid_yz=lambda a: (a["num_kv_heads"] * MG, NP))
 
 
 def kernel_args(p, first, query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale):
