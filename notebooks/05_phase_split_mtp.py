@@ -92,14 +92,15 @@ from flydsl.expr import const_expr, gpu, range_constexpr
 from pa_tile import launching, problem
 from pa_tile.arch import fp8_max
 from pa_tile.kernel_lib import (
-    LOG2E, MASKED, SPAN, TILE, WAVE, WAVES, Pages, buffer_load, buffer_store, exchange, exp2, exp_shift, fmax, i64,
+    LOG2E, MASKED, SPAN, TILE, WAVE, WAVES, Pages, buffer_load, buffer_store, device_code, exchange, exp2, exp_shift, fmax, i64,
     imax, imin, jit_launcher, lane_coords, lds_load, lds_store, mfma, pack_fp8, query_operands, rcp, rsrc,
     scalar_load, scores, select, splat4, tree_sum, xor_lanes, zero_tail_v,
 )
 
 __all__ = ["paged_decode", "paged_decode_partials", "build_launcher", "launch_args", "kernel_args", "plan",
            "LIMITS", "K_LAYOUT", "V_LAYOUT", "DEFAULT_M_TILES", "exchange_slots", "LanePages", "query_rows",
-           "tile_range", "stage_scales", "phase_b", "store_stats", "merge_weights"]
+           "tile_range", "stage_scales", "phase_b", "store_stats", "merge_weights", "Spec", "stage_query",
+           "score_factors", "lane_scales", "phase_a", "write_rows", "merge_and_write"]
 
 #: what the stage-5 kernel supports (upstream's tile kernel takes head_dim 64, 128 and 256 too)
 LIMITS = problem.Limits(stage="s5", head_dims=(64, 128, 256), block_sizes=(16, 64), groups=None, max_group=32,
@@ -510,6 +511,177 @@ def exchange_slots(head_dim, m_tiles):
     return slots, max(staged, WAVES * WAVE * 16 * slots)
 
 
+class Spec:
+    """The compile-time constants of one specialization (``build_launcher``'s arguments and what
+    follows from them): every piece of the kernel below reads its sizes from here."""
+
+    def __init__(self, arch, block_size, head_dim, group, query_length, q_dtype, per_token, trans_v,
+                 sliding_window, num_partitions, m_tiles):
+        self.BS, self.HD, self.G, self.QL = block_size, head_dim, group, query_length
+        self.W, self.NP, self.per_token, self.trans_v = sliding_window, num_partitions, per_token, trans_v
+        self.ROWS, _, self.MT, self.MG = plan(head_dim, group, query_length, m_tiles)
+        self.QDT = fx.BFloat16 if q_dtype == "bf16" else fx.Float16
+        self.FMAX = fp8_max(arch)
+        self.LOG2_FMAX = math.log2(self.FMAX)
+        self.NH = head_dim // 64  # 64-channel halves of a K row: K chunks grp and grp + 4
+        self.NCH = head_dim // 16  # 16-channel d-chunks of the output
+        self.CPW = self.NCH // WAVES  # d-chunks each wave owns after the merge
+        self.XS, self.SHARED_BYTES = exchange_slots(head_dim, self.MT)
+        self.Q_SCALES = self.MT * self.NH * WAVE * 16  # byte offset of the staged query scales
+        self.SC_FLOATS = WAVES * 2 * WAVE if per_token else 4  # [wave][K scale | V weight][token]
+
+    def lds_layout(self):
+        """The workgroup's LDS, as a FlyDSL struct."""
+        @fx.struct
+        class Shared:
+            stats: fx.Array[fx.Float32, self.MT * 2 * 16 * WAVES, 16]  # [m-tile][max | sum][row][wave]
+            # before the loop: the staged query ([m-tile][K chunk pair][lane] x 16 fp8 codes, then
+            # [m-tile][lane] scales); after it: the merge's exchange, [sender][slot][lane] x f32x4
+            shared: fx.Array[fx.Float32, self.SHARED_BYTES // 4, 16]
+            scales: fx.Array[fx.Float32, self.SC_FLOATS, 16]
+
+        return Shared
+
+
+# %% [markdown]
+# **The query, once per workgroup.** Wave `m % 4` loads and quantizes M-tile `m` and stages its
+# fp8 operands and scale in LDS; after one barrier every wave reads the scales back and folds them
+# into the score factor `c_qk`. Q stays out of the loop's registers, and no byte of the query is
+# fetched twice. `device_code` (from `kernel_lib`) lets a helper branch on device values
+# (`wave == m % 4`) the way a kernel body does.
+
+# %% tags=["export"]
+@device_code
+def stage_query(c, shared, rows, q_rs, seq, kvh, q_stride_row, q_stride_head, wave, lane, grp):
+    for m in range_constexpr(c.MT):
+        if wave == m % WAVES:
+            r, qi, g = rows[m]
+            row_elem = (seq * c.QL + qi) * q_stride_row + (kvh * c.G + g) * q_stride_head
+            ops, q_scale = query_operands(q_rs, row_elem, r < c.ROWS, c.FMAX, grp, c.NH, c.QDT)
+            _stage_q(shared, m, lane, ops, q_scale, c.NH, c.Q_SCALES)
+    gpu.barrier()
+
+
+def score_factors(c, shared, lane, scale_log2, k_scale):
+    """Each M-tile's factor from raw scores to log2 units: its query scale times the K scale (per
+    tensor; per token the K scale is applied token by token) times ``softmax_scale·log2 e``."""
+    c_qk = []
+    for m in range_constexpr(c.MT):
+        q_scale = _staged_q_scale(shared, m, lane, c.Q_SCALES)
+        c_qk.append(q_scale * scale_log2 if const_expr(c.per_token) else q_scale * k_scale * scale_log2)
+    return c_qk
+
+
+def lane_scales(sc_lds, base, grp, q):
+    """4 of the 16 per-token values of the lane's row band (lane-tokens 4q..4q+3): a broadcast read."""
+    return lds_load(sc_lds, base + grp * 64 + 16 * q, 4)
+
+
+# %% [markdown]
+# **Phase A**, M-tile by M-tile on K's registers: scores, the per-token K scales, the mask, row
+# max, exp and fp8 pack. V is issued after the last M-tile's score MFMAs, into the registers K
+# just freed; that M-tile's softmax (and the other waves) cover its latency. Only tiles that hold
+# a causally hidden or absent token pay for the mask (a branch on the tile index).
+
+# %% tags=["export"]
+@device_code
+def phase_a(c, st, t, tok, ctx, k_words, pages, v_page, shared, lane, c_qk, hi1, per_token_args):
+    M0, L0 = 2 + c.MT * c.NCH, 2 + c.MT * c.NCH + c.MT
+    if const_expr(c.per_token):
+        sc_lds, sc_k, sc_v, k_sc1, v_sc1, wave, grp = per_token_args
+    p_all, corr_all, m_new, l_next = [], [], [], []
+    v_words = k_words  # a stand-in of the same type until V is issued (the mask branch yields it)
+    for m in range_constexpr(c.MT):
+        fx.rocdl.sched_barrier(0)  # one M-tile at a time: interleaved, their temporaries add up
+        s = scores(k_words, _staged_q(shared, m, lane, c.NH), c.NH)
+        if const_expr(m == c.MT - 1):
+            fx.rocdl.sched_barrier(0)
+            v_words = pages.v(v_page)
+        if const_expr(c.per_token and m == 0):
+            # one scale per lane -> LDS; the lane's 16 come back as 4 broadcast reads. Only this
+            # wave touches its slots, so no barrier (the wave's LDS ops stay in order). Tokens no
+            # row can see hold finite scales too; in the wave max they would shrink every real
+            # token's weight v_scale/vmax and with it P before its e4m3 rounding: 0 keeps them out.
+            vmax, rv = stage_scales(sc_lds, sc_k, sc_v, k_sc1, v_sc1, t, wave, lane, ctx, c.QL, c.W)
+        if const_expr(c.per_token):
+            for q in range_constexpr(4):
+                fx.rocdl.sched_barrier(0)  # 4 scales at a time, not 16 next to V in flight
+                k4 = lane_scales(sc_lds, sc_k, grp, q)
+                for i in range_constexpr(4):
+                    s[4 * q + i] = s[4 * q + i] * fx.Float32(k4[i])
+        s = fx.Vector.from_elements(s, dtype=fx.Float32)
+        if const_expr(c.W > 0):
+            s = _mask_scores(s, [hi1[m] - tok], [hi1[m] - c.W - tok], 1)
+        else:
+            if t * TILE + TILE > ctx - c.QL + 1:  # only tiles holding a causally hidden or absent token
+                s = _mask_scores(s, [hi1[m] - tok], None, 1)
+                if const_expr(m == c.MT - 1):
+                    v_words = zero_tail_v(v_words, ctx - tok)
+        mx = fmax(fx.Float32(st[M0 + m]), _row_max(s, c_qk[m]))
+        v_weight = functools.partial(lane_scales, sc_lds, sc_v, grp) if const_expr(c.per_token) else None
+        p_ops, p_sum = _exp_pack(s, c_qk[m], mx, c.LOG2_FMAX, v_weight)
+        corr = exp2(fx.Float32(st[M0 + m]) - mx)
+        l_next.append(fx.Float32(st[L0 + m]) * corr + p_sum)
+        if const_expr(c.per_token):
+            # sum P before P·V, else the 16 P values live through it next to the weights
+            fx.rocdl.sched_barrier(0)
+        p_all.append(p_ops)
+        corr_all.append(corr)
+        m_new.append(mx)
+    if const_expr(c.W > 0):
+        v_words = zero_tail_v(v_words, ctx - tok)
+    return p_all, corr_all, m_new, l_next, v_words, (rv, vmax) if const_expr(c.per_token) else None
+
+
+# %% [markdown]
+# **The output.** After the merge each wave holds `CPW` 16-channel chunks of every row of an
+# M-tile. Unsplit, it writes them in the query's dtype; a split-K partition writes float32
+# partials and, from one lane group of wave 0, the row's max and sum.
+
+# %% tags=["export"]
+@device_code
+def write_rows(c, o, mx, total, row, seq, kvh, part, wave, grp, num_kv_heads, o_rs, mx_rs, sm_rs):
+    r, qi, g = row
+    if r < c.ROWS:
+        for s in range_constexpr(c.CPW):
+            d0 = (c.CPW * wave + s) * 16 + grp * 4
+            if const_expr(c.NP == 1):
+                out_row = (seq * c.QL + qi) * (num_kv_heads * c.G) + kvh * c.G + g
+                buffer_store(o[s].to(c.QDT).bitcast(fx.Int32), o_rs, (out_row * c.HD + d0) * 2)
+            else:
+                prow = ((seq * num_kv_heads + kvh) * c.NP + part) * c.ROWS + r
+                buffer_store(o[s].bitcast(fx.Int32), o_rs, (prow * c.HD + d0) * 4)
+        if const_expr(c.NP > 1):
+            if wave == 0:
+                if grp == 0:
+                    prow = ((seq * num_kv_heads + kvh) * c.NP + part) * c.ROWS + r
+                    buffer_store(fx.Float32(mx * (1.0 / LOG2E)).bitcast(fx.Int32), mx_rs, prow * 4)
+                    buffer_store(fx.Float32(total * (1.0 / c.FMAX)).bitcast(fx.Int32), sm_rs, prow * 4)
+
+
+def merge_and_write(c, lds, shared, res, rows, v_scale, outputs, seq, kvh, part, num_kv_heads, wave, lane, col,
+                    grp):
+    """After the loop: merge the four waves' results (``res``, the loop state), one M-tile at a time
+    with ``XS`` d-chunk slots per exchange round, and write each M-tile's rows."""
+    O0, M0, L0 = 2, 2 + c.MT * c.NCH, 2 + c.MT * c.NCH + c.MT
+    stats = fx.recast_iter(fx.Uint8, lds.stats.ptr)
+    store_stats(stats, [res[M0 + m] for m in range_constexpr(c.MT)], [res[L0 + m] for m in range_constexpr(c.MT)],
+                wave, col)
+    gpu.barrier()  # also: every wave is past its last read of the staged query
+    o_rs, mx_rs, sm_rs = (rsrc(outputs[0]), None, None) if const_expr(c.NP == 1) else tuple(rsrc(t) for t in outputs)
+    for m in range_constexpr(c.MT):
+        o_w = [res[O0 + m * c.NCH + j] for j in range_constexpr(c.NCH)]
+        o, mx, total = merge_weights(stats, m, col, res[M0 + m], o_w, v_scale, c.NP > 1)
+        o = exchange(shared, o, wave, lane, c.XS, m < c.MT - 1)
+        write_rows(c, o, mx, total, rows[m], seq, kvh, part, wave, grp, num_kv_heads, o_rs, mx_rs, sm_rs)
+
+
+# %% [markdown]
+# **The kernel**, put together: the query staged, the main loop (loads for the tile, phase A,
+# phase B, the next tile's page ids carried in the loop state), then the merge of the four waves
+# one M-tile at a time and the output.
+
+# %% tags=["export"]
 @functools.lru_cache(maxsize=None)
 def build_launcher(arch, block_size, head_dim, group, query_length, q_dtype="f16", per_token=False,
                    trans_v=True, sliding_window=0, num_partitions=1, m_tiles=None):
@@ -523,25 +695,10 @@ def build_launcher(arch, block_size, head_dim, group, query_length, q_dtype="f16
     ``Σ p·v / Σ p`` (V scales applied). A partition with no visible token for a row writes
     pmax = MASKED/ln 2 (about -6.9e29, a finite -inf), psum = 0, pout = 0.
     """
-    BS, HD, G, QL, W, NP = block_size, head_dim, group, query_length, sliding_window, num_partitions
-    ROWS, _, MT, MG = plan(HD, G, QL, m_tiles)
-    QDT = fx.BFloat16 if q_dtype == "bf16" else fx.Float16
-    FMAX = fp8_max(arch)
-    LOG2_FMAX = math.log2(FMAX)
-    NH = HD // 64  # 64-channel halves of a K row: K chunks grp and grp + 4
-    NCH = HD // 16  # 16-channel d-chunks of the output
-    CPW = NCH // WAVES  # d-chunks each wave owns after the merge
-    XS, SHARED_BYTES = exchange_slots(HD, MT)
-    Q_SCALES = MT * NH * WAVE * 16  # byte offset of the staged query scales
-    SC_FLOATS = WAVES * 2 * WAVE if per_token else 4  # [wave][K scale | V weight][token]
-
-    @fx.struct
-    class Shared:
-        stats: fx.Array[fx.Float32, MT * 2 * 16 * WAVES, 16]  # [m-tile][max | sum][row][wave]
-        # before the loop: the staged query ([m-tile][K chunk pair][lane] x 16 fp8 codes, then
-        # [m-tile][lane] scales); after it: the merge's exchange, [sender][slot][lane] x f32x4
-        shared: fx.Array[fx.Float32, SHARED_BYTES // 4, 16]
-        scales: fx.Array[fx.Float32, SC_FLOATS, 16]
+    c = Spec(arch, block_size, head_dim, group, query_length, q_dtype, per_token, trans_v, sliding_window,
+             num_partitions, m_tiles)
+    MT, NCH = c.MT, c.NCH
+    Shared = c.lds_layout()
 
     def pa_decode_s5(
         out: fx.Tensor, pmax: fx.Tensor, psum: fx.Tensor, pout: fx.Tensor,
@@ -552,53 +709,29 @@ def build_launcher(arch, block_size, head_dim, group, query_length, q_dtype="f16
     ):
         # col: MFMA column = this lane's query row within an M-tile; grp: its 16 tokens of the wave's 64
         tid, wave, lane, col, grp = lane_coords()
-        seq = fx.Int32(gpu.block_id("x"))
-        by = fx.Int32(gpu.block_id("y"))
-        kvh = by // MG
-        mgrp = by % MG
-        part = fx.Int32(gpu.block_id("z"))
+        seq, by, part = fx.Int32(gpu.block_id("x")), fx.Int32(gpu.block_id("y")), fx.Int32(gpu.block_id("z"))
+        kvh, mgrp = by // c.MG, by % c.MG
         q_rs, k_rs, v_rs, bt_rs = (rsrc(t) for t in (query, key_cache, value_cache, block_tables))
         ctx = scalar_load(context_lengths, seq)
         lds = fx.SharedAllocator().allocate(Shared).peek()
         shared = fx.recast_iter(fx.Uint8, lds.shared.ptr)
-
-        rows = query_rows(mgrp, col, MT, ROWS, QL, G)
+        rows = query_rows(mgrp, col, MT, c.ROWS, c.QL, c.G)
+        k_scale = v_scale = None
         if const_expr(not per_token):
             k_scale = scalar_load(key_scale, 0).bitcast(fx.Float32)
             v_scale = scalar_load(value_scale, 0).bitcast(fx.Float32)
-
-        # ---- the query, loaded once per workgroup: wave m % 4 loads and quantizes M-tile m and
-        # stages its fp8 operands in LDS; every wave reads them back each tile (Q stays out of
-        # the loop's registers, and no byte of the query is fetched twice)
-        for m in range_constexpr(MT):
-            if wave == m % WAVES:
-                r, qi, g = rows[m]
-                row_elem = (seq * QL + qi) * q_stride_row + (kvh * G + g) * q_stride_head
-                ops, q_scale = query_operands(q_rs, row_elem, r < ROWS, FMAX, grp, NH, QDT)
-                _stage_q(shared, m, lane, ops, q_scale, NH, Q_SCALES)
-        gpu.barrier()
-        c_qk = []
-        for m in range_constexpr(MT):
-            q_scale = _staged_q_scale(shared, m, lane, Q_SCALES)
-            c_qk.append(q_scale * scale_log2 if const_expr(per_token) else q_scale * k_scale * scale_log2)
-
-        # Causal bound of each row: query qi sits at ctx - QL + qi and sees tokens <= it
-        # (and, with a window, > it - W). As lane-token counts: n_hi = hi1 - (lane's first token).
-        hi1 = [ctx - (QL - 1) + rows[m][1] for m in range_constexpr(MT)]
-
-        last_page, t_start, t_end = tile_range(ctx, part, BS, QL, W, NP)
-        pages = LanePages(bt_rs, k_rs, v_rs, seq * max_blocks, last_page, kvh, num_kv_heads, wave, lane, col, grp,
-                       block_size=BS, head_dim=HD, trans_v=trans_v)
-
+        stage_query(c, shared, rows, q_rs, seq, kvh, q_stride_row, q_stride_head, wave, lane, grp)
+        c_qk = score_factors(c, shared, lane, scale_log2, k_scale)
+        # causal bound of each row: query qi sits at ctx - QL + qi and sees tokens <= it
+        hi1 = [ctx - (c.QL - 1) + rows[m][1] for m in range_constexpr(MT)]
+        last_page, t_start, t_end = tile_range(ctx, part, c.BS, c.QL, c.W, c.NP)
+        pages = LanePages(bt_rs, k_rs, v_rs, seq * max_blocks, last_page, kvh, num_kv_heads, wave, lane, col,
+                          grp, block_size=c.BS, head_dim=c.HD, trans_v=trans_v)
         if const_expr(per_token):
             ks_rs, vs_rs = rsrc(key_scale), rsrc(value_scale)
             sc_lds = fx.recast_iter(fx.Uint8, lds.scales.ptr)
             sc_k = wave * (2 * WAVE * 4)  # this wave's 64 K scales, then its 64 V weights
             sc_v = sc_k + WAVE * 4
-
-            def lane_scales(base, q):
-                # 4 of the 16 values of the lane's row band (lane-tokens 4q..4q+3): a broadcast read
-                return lds_load(sc_lds, base + grp * 64 + 16 * q, 4)
 
         zero4 = fx.Vector.filled(4, 0.0, fx.Float32)
         state = [pages.page_id(t_start, pages.k_j), pages.page_id(t_start, pages.v_j)]
@@ -607,99 +740,27 @@ def build_launcher(arch, block_size, head_dim, group, query_length, q_dtype="f16
         for t, st in range(t_start, t_end, 1, init=state):
             t = fx.Int32(t)
             k_page, v_page = st[0], st[1]
+            pt_args = None
             if const_expr(per_token):
                 k_sc1 = pages.scale(ks_rs, v_page)  # issued first: the oldest loads, waited for first
                 v_sc1 = pages.scale(vs_rs, v_page)
+                pt_args = (sc_lds, sc_k, sc_v, k_sc1, v_sc1, wave, grp)
             k_words = pages.k(k_page)
             k_page_next = pages.page_id(t + 1, pages.k_j)
             v_page_next = pages.page_id(t + 1, pages.v_j)
             fx.rocdl.sched_barrier(0)  # K (and scales, page ids) ahead of phase A
             tok = t * TILE + wave * SPAN + grp * 16  # the lane's first token
-
-            # ---- phase A, M-tile by M-tile on K's registers: scores, row max, exp and fp8 pack.
-            # V is issued after the last M-tile's score MFMAs, into the registers K just freed;
-            # that M-tile's softmax (and the other waves) cover its latency.
-            p_all, corr_all, m_new, l_next = [], [], [], []
-            v_words = k_words  # a stand-in of the same type until V is issued (the mask branch yields it)
-            for m in range_constexpr(MT):
-                fx.rocdl.sched_barrier(0)  # one M-tile at a time: interleaved, their temporaries add up
-                s = scores(k_words, _staged_q(shared, m, lane, NH), NH)
-                if const_expr(m == MT - 1):
-                    fx.rocdl.sched_barrier(0)
-                    v_words = pages.v(v_page)
-                if const_expr(per_token and m == 0):
-                    # one scale per lane -> LDS; the lane's 16 come back as 4 broadcast reads. Only
-                    # this wave touches its slots, so no barrier (the wave's LDS ops stay in order).
-                    # Tokens no row can see (past the context, before the earliest row's window)
-                    # hold finite scales too; in the wave max they would shrink every real token's
-                    # weight v_scale/vmax and with it P before its e4m3 rounding. 0 keeps them out
-                    # (and gives them weight 0, even for a NaN scale).
-                    vmax, rv = stage_scales(sc_lds, sc_k, sc_v, k_sc1, v_sc1, t, wave, lane, ctx, QL, W)
-                if const_expr(per_token):
-                    for q in range_constexpr(4):
-                        fx.rocdl.sched_barrier(0)  # 4 scales at a time, not 16 next to V in flight
-                        k4 = lane_scales(sc_k, q)
-                        for i in range_constexpr(4):
-                            s[4 * q + i] = s[4 * q + i] * fx.Float32(k4[i])
-                s = fx.Vector.from_elements(s, dtype=fx.Float32)
-                if const_expr(W > 0):
-                    s = _mask_scores(s, [hi1[m] - tok], [hi1[m] - W - tok], 1)
-                else:
-                    if t * TILE + TILE > ctx - QL + 1:  # only tiles holding a causally hidden or absent token
-                        s = _mask_scores(s, [hi1[m] - tok], None, 1)
-                        if const_expr(m == MT - 1):
-                            v_words = zero_tail_v(v_words, ctx - tok)
-                mx = fmax(fx.Float32(st[M0 + m]), _row_max(s, c_qk[m]))
-                v_weight = functools.partial(lane_scales, sc_v) if const_expr(per_token) else None
-                p_ops, p_sum = _exp_pack(s, c_qk[m], mx, LOG2_FMAX, v_weight)
-                corr = exp2(fx.Float32(st[M0 + m]) - mx)
-                l_next.append(fx.Float32(st[L0 + m]) * corr + p_sum)
-                if const_expr(per_token):
-                    # sum P before P·V, else the 16 P values live through it next to the weights
-                    fx.rocdl.sched_barrier(0)
-                p_all.append(p_ops)
-                corr_all.append(corr)
-                m_new.append(mx)
-            if const_expr(W > 0):
-                v_words = zero_tail_v(v_words, ctx - tok)
-
-            # ---- phase B: every M-tile's P·V on V's registers (V as A, P as B: O is [d, row])
-            o_next = phase_b([st[O0 + i] for i in range_constexpr(MT * NCH)], v_words, p_all, corr_all,
-                             (rv, vmax) if const_expr(per_token) else None)
+            p_all, corr_all, m_new, l_next, v_words, pt = phase_a(c, st, t, tok, ctx, k_words, pages, v_page, shared,
+                                                                  lane, c_qk, hi1, pt_args)
+            # phase B: every M-tile's P·V on V's registers (V as A, P as B: O is [d, row])
+            o_next = phase_b([st[O0 + i] for i in range_constexpr(MT * NCH)], v_words, p_all, corr_all, pt)
             res = yield [k_page_next, v_page_next] + o_next + m_new + l_next
 
-        # ---- merge the four waves, one M-tile at a time, XS d-chunk slots per exchange round
-        stats = fx.recast_iter(fx.Uint8, lds.stats.ptr)
-        store_stats(stats, [res[M0 + m] for m in range_constexpr(MT)], [res[L0 + m] for m in range_constexpr(MT)],
-                    wave, col)
-        gpu.barrier()  # also: every wave is past its last read of the staged query
-        if const_expr(NP == 1):
-            o_rs = rsrc(out)
-        else:
-            o_rs, mx_rs, sm_rs = rsrc(pout), rsrc(pmax), rsrc(psum)
-        for m in range_constexpr(MT):
-            o, mx, total = merge_weights(stats, m, col, res[M0 + m], [res[O0 + m * NCH + j] for j in range_constexpr(NCH)],
-                                         None if const_expr(per_token) else v_scale, NP > 1)
-            o = exchange(shared, o, wave, lane, XS, m < MT - 1)
-            r, qi, g = rows[m]
-            if r < ROWS:
-                for s in range_constexpr(CPW):
-                    d0 = (CPW * wave + s) * 16 + grp * 4
-                    if const_expr(NP == 1):
-                        row = (seq * QL + qi) * (num_kv_heads * G) + kvh * G + g
-                        buffer_store(o[s].to(QDT).bitcast(fx.Int32), o_rs, (row * HD + d0) * 2)
-                    else:
-                        prow = ((seq * num_kv_heads + kvh) * NP + part) * ROWS + r
-                        buffer_store(o[s].bitcast(fx.Int32), o_rs, (prow * HD + d0) * 4)
-                if const_expr(NP > 1):
-                    if wave == 0:
-                        if grp == 0:
-                            prow = ((seq * num_kv_heads + kvh) * NP + part) * ROWS + r
-                            buffer_store(fx.Float32(mx * (1.0 / LOG2E)).bitcast(fx.Int32), mx_rs, prow * 4)
-                            buffer_store(fx.Float32(total * (1.0 / FMAX)).bitcast(fx.Int32), sm_rs, prow * 4)
+        outputs = (out,) if const_expr(c.NP == 1) else (pout, pmax, psum)
+        merge_and_write(c, lds, shared, res, rows, v_scale, outputs, seq, kvh, part, num_kv_heads, wave, lane, col, grp)
 
     # launch(out, pmax, psum, pout, query, ..., value_scale, num_seqs, num_kv_heads, ..., scale_log2, stream)
-    return jit_launcher(pa_decode_s5, grid_yz=lambda a: (a["num_kv_heads"] * MG, NP))
+    return jit_launcher(pa_decode_s5, grid_yz=lambda a: (a["num_kv_heads"] * c.MG, c.NP))
 
 # %% [markdown]
 # ## Entry points and validation
@@ -747,6 +808,11 @@ def launcher_for(p, num_partitions=1, m_tiles=None):
                           p.v_layout == "trans_blocked", p.sliding_window, num_partitions, m_tiles)
 
 
+# %% [markdown]
+# The two entry points build on one `launch_args`: validate, allocate the outputs (or the
+# partials of a split), and hand the compiled-once launcher to the launch boundary.
+
+# %% tags=["export"]
 def launch_args(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale, *,
                 softmax_scale=None, query_length=None, sliding_window=0, out=None, arch=None,
                 num_partitions=1, m_tiles=None):

@@ -35,7 +35,7 @@ __all__ = [
     "fmax", "exp2", "rcp", "xor_lanes", "pack_fp8", "i64", "mfma", "splat4", "lds_ptr", "lds_store",
     "lds_load", "tree_sum", "lane_coords",
     "Pages", "query_operands", "quantize_query", "scores", "zero_tail_v", "mask_tail", "exp_shift", "softmax_step",
-    "pv_step", "exchange", "merge_waves", "store_chunks", "jit_launcher", "model_operands", "softmax_model",
+    "pv_step", "exchange", "merge_waves", "store_chunks", "device_code", "jit_launcher", "model_operands", "softmax_model",
 ]
 
 WAVE = 64  # lanes per wave on CDNA
@@ -424,6 +424,16 @@ def store_chunks(o_rs, chunks, row_byte, wave, grp, dtype=fx.Float16):
 
 # ---------------------------------------------------------------------------------------------
 # the launch
+
+
+def device_code(fn):
+    """``fn`` with FlyDSL's kernel-body rewrite applied: its ``if`` on a device value becomes a
+    branch in the kernel (``scf.if``), as it would written inline in the kernel. Only a kernel's
+    own body gets that rewrite; a helper called from it otherwise sees a device value where Python
+    wants a bool. (FlyDSL's ``ASTRewriter.transform`` is what ``@flyc.kernel`` itself applies.)"""
+    from flydsl.compiler.ast_rewriter import ASTRewriter
+
+    return ASTRewriter.transform(fn)
 
 
 def jit_launcher(body, grid_yz=None, contract=True):
