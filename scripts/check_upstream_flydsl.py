@@ -9,7 +9,7 @@ every given substring, ``--skip`` drops those containing any given one (``--skip
 parametrize values by one value, or passes it as a keyword (small shapes, ``bench_iters=1``);
 ``--quantum N`` interleaves a workgroup's waves every N instructions instead of
 running each to its next barrier (with ``--lds-races warn``: does a racy kernel give the right
-answer under a schedule closer to a CU's?); ``--timeout S`` ends a case after S seconds (reported as FAIL CaseTimeout); ``--dump-asm DIR`` writes the assembly of every kernel a case launches to
+answer under a schedule closer to a CU's?); ``CHECK_UPSTREAM_TRACEBACK=1`` prints each failure's traceback on stderr; ``--timeout S`` ends a case after S seconds (reported as FAIL CaseTimeout); ``--dump-asm DIR`` writes the assembly of every kernel a case launches to
 ``DIR/<kernel>.<arch>.s`` (to read what the emulator ran, e.g. for a reported race);
 ``--sub 'OLD=>NEW'`` replaces text in the test module's source before it runs (shapes a test
 hard-codes, e.g. ``--sub 'M, N, K = 16, 5120, 8192=>M, N, K = 16, 128, 1024'``); ``--arch`` runs
@@ -252,6 +252,7 @@ def run_tests(root: Path, files, lds_races: str = "raise", select=(), overrides=
     torch.cuda.synchronize = lambda *a, **k: None
     torch.cuda.current_stream = lambda *a, **k: None
     torch.Tensor.cuda = lambda self, *a, **k: self
+    torch.cuda.device = lambda *a, **k: contextlib.nullcontext()   # launchers pin the tensor's device
     sys.path.insert(0, str(root))
     try:
         import pandas  # noqa: F401
@@ -259,7 +260,11 @@ def run_tests(root: Path, files, lds_races: str = "raise", select=(), overrides=
         import types
 
         stub = types.ModuleType("pandas")
-        stub.__getattr__ = lambda name: (lambda *a, **k: None)
+        def attr(name):
+            if name.startswith("__"):   # inspect reads __file__ of every module
+                raise AttributeError(name)
+            return lambda *a, **k: None
+        stub.__getattr__ = attr
         sys.modules["pandas"] = stub
     _stub_triton()
     import types as _t
@@ -384,6 +389,8 @@ def _run_file(root, rel, arch, lds_races, select, overrides, subs=(), dump_asm=N
                     while e.__cause__ is not None and "re-raised" in str(e):
                         e = e.__cause__
                     verdict = "FAIL " + " ".join(traceback.format_exception_only(type(e), e)).strip().replace("\n", " ")[:600]
+                    if os.environ.get("CHECK_UPSTREAM_TRACEBACK"):
+                        traceback.print_exception(e, file=sys.stderr)
             finally:
                 signal.alarm(0)
             print(f"{label}: {verdict} ({time.perf_counter() - t0:.0f} s)", flush=True)
