@@ -631,6 +631,34 @@ def test_missing_barrier_is_reported_as_an_lds_race():
         _launch(BARRIER_SWAP.format(sync="s_nop 0"), (1, 1), (128, 1), out, lds=512, lds_races="warn")
 
 
+SAME_SLOT = """
+\tv_mov_b32_e32 v1, 0
+\tv_mov_b32_e32 v2, {value}
+\tds_write_b32 v1, v2
+\ts_waitcnt lgkmcnt(0)
+\ts_barrier
+\tds_read_b32 v4, v1
+\tv_lshlrev_b32_e32 v3, 2, v0
+\ts_load_dwordx2 s[4:5], s[0:1], 0x0
+\ts_waitcnt lgkmcnt(0)
+\tglobal_store_dword v3, v4, s[4:5]
+"""
+
+
+def test_waves_storing_one_constant_to_one_slot_do_not_race():
+    # every thread of both waves stores the same word to LDS[0]: no order can show a difference
+    out = torch.zeros(128, dtype=torch.int32)
+    _launch(SAME_SLOT.format(value=7), (1, 1), (128, 1), out, lds=512)
+    assert (out == 7).all()
+    # the byte already holds 0 (LDS starts zeroed here): storing 0 is unobservable too
+    _launch(SAME_SLOT.format(value=0), (1, 1), (128, 1), out, lds=512)
+    assert (out == 0).all()
+    # different values from the two waves are a real write-write race
+    with pytest.raises(LdsRaceError, match="write-write race"):
+        _launch(SAME_SLOT.format(value="v0").replace("v_mov_b32_e32 v2, v0", "v_lshrrev_b32_e32 v2, 6, v0"),
+                (1, 1), (128, 1), out, lds=512)
+
+
 # --------------------------------------------------------------------------- fast paths vs numerics
 
 def _random_f32_bits(n, seed):
