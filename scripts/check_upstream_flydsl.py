@@ -9,7 +9,7 @@ every given substring, ``--skip`` drops those containing any given one (``--skip
 parametrize values by one value, or passes it as a keyword (small shapes, ``bench_iters=1``);
 ``--quantum N`` interleaves a workgroup's waves every N instructions instead of
 running each to its next barrier (with ``--lds-races warn``: does a racy kernel give the right
-answer under a schedule closer to a CU's?); ``CHECK_UPSTREAM_TRACEBACK=1`` prints each failure's traceback on stderr; ``--timeout S`` ends a case after S seconds (reported as FAIL CaseTimeout); ``--dump-asm DIR`` writes the assembly of every kernel a case launches to
+answer under a schedule closer to a CU's?); ``CHECK_UPSTREAM_TRACEBACK=1`` prints each failure's traceback and the test's last printed lines on stderr; ``--timeout S`` ends a case after S seconds (reported as FAIL CaseTimeout); ``--dump-asm DIR`` writes the assembly of every kernel a case launches to
 ``DIR/<kernel>.<arch>.s`` (to read what the emulator ran, e.g. for a reported race);
 ``--sub 'OLD=>NEW'`` replaces text in the test module's source before it runs (shapes a test
 hard-codes, e.g. ``--sub 'M, N, K = 16, 5120, 8192=>M, N, K = 16, 128, 1024'``); ``--arch`` runs
@@ -121,8 +121,9 @@ def run_kernels(root: Path, lds_races: str = "raise") -> None:
     sys.path.insert(0, str(root))
     for name, fn in kernel_checks().items():
         for arch in ("gfx942", "gfx950"):
+            captured = io.StringIO()
             try:
-                with toolchain.target_arch(arch), contextlib.redirect_stdout(io.StringIO()), \
+                with toolchain.target_arch(arch), contextlib.redirect_stdout(captured), \
                         launch.launch_options(lds_races=lds_races):
                     err, tol = fn()
                 verdict = f"{'PASS' if err <= tol else 'FAIL'} (max abs err {err:.3g}, tol {tol:g})"
@@ -370,8 +371,9 @@ def _run_file(root, rel, arch, lds_races, select, overrides, subs=(), dump_asm=N
             if timeout:
                 signal.signal(signal.SIGALRM, _alarm)
                 signal.alarm(timeout)
+            captured = io.StringIO()
             try:
-                with toolchain.target_arch(arch), contextlib.redirect_stdout(io.StringIO()), \
+                with toolchain.target_arch(arch), contextlib.redirect_stdout(captured), \
                         launch.launch_options(lds_races=lds_races, quantum=quantum), _raw_pointer_regions(), \
                         launch.record_launches() as launches:
                     try:
@@ -390,6 +392,7 @@ def _run_file(root, rel, arch, lds_races, select, overrides, subs=(), dump_asm=N
                         e = e.__cause__
                     verdict = "FAIL " + " ".join(traceback.format_exception_only(type(e), e)).strip().replace("\n", " ")[:600]
                     if os.environ.get("CHECK_UPSTREAM_TRACEBACK"):
+                        sys.stderr.write("".join(captured.getvalue().splitlines(True)[-40:]))
                         traceback.print_exception(e, file=sys.stderr)
             finally:
                 signal.alarm(0)

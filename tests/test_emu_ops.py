@@ -653,6 +653,12 @@ def test_waves_storing_one_constant_to_one_slot_do_not_race():
     # the byte already holds 0 (LDS starts zeroed here): storing 0 is unobservable too
     _launch(SAME_SLOT.format(value=0), (1, 1), (128, 1), out, lds=512)
     assert (out == 0).all()
+    # storing the value a slot holds races with no reader: wave 1 reads LDS[0] while wave 0 (in
+    # run-to-barrier order, first) stores the 0 it already holds
+    body = SAME_SLOT.format(value=0).replace("\ts_waitcnt lgkmcnt(0)\n\ts_barrier\n", "", 1)
+    _launch(body, (1, 1), (128, 1), out, lds=512)
+    with pytest.raises(LdsRaceError, match="read-after-write race"):
+        _launch(body.replace("v_mov_b32_e32 v2, 0", "v_mov_b32_e32 v2, 3"), (1, 1), (128, 1), out, lds=512)
     # different values from the two waves are a real write-write race
     with pytest.raises(LdsRaceError, match="write-write race"):
         _launch(SAME_SLOT.format(value="v0").replace("v_mov_b32_e32 v2, v0", "v_lshrrev_b32_e32 v2, 6, v0"),

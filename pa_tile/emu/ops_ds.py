@@ -33,9 +33,10 @@ class LdsRaceChecker:
 
     Writes of equal values commute: two waves storing the same byte value to one byte is no
     write-write race (FlyDSL's MoE sorting clears ``cumsum[0]`` from every thread), and a write
-    of the value a byte holds is no write-after-read race (the reader saw that value in either
-    order). Different values, or a third wave reading, still are. The rule needs each write's
-    bytes and the LDS before it lands (``new``, ``cur``); without them every write counts.
+    of the value a byte already holds races with no read (the reader sees that value in either
+    order). Different values, or a read of a byte another wave changed, still are. The rule
+    needs each write's bytes and the LDS before it lands (``new``, ``cur``); without them every
+    write counts as a change.
     """
 
     _MANY = -2
@@ -55,6 +56,10 @@ class LdsRaceChecker:
         self.r_pc = np.zeros(n, np.int32)
         self.w_val = np.zeros(n, np.uint8)     # byte stored by the last write
         self.w_known = np.zeros(n, bool)
+        # the last write that changed the byte: only such a write can be seen by a read
+        self.c_wave = np.full(n, -1, np.int16)
+        self.c_epoch = np.full(n, -1, np.int32)
+        self.c_pc = np.zeros(n, np.int32)
         self.races: list = []
 
     def barrier(self) -> None:
@@ -84,13 +89,18 @@ class LdsRaceChecker:
         if vals is not None:
             same_w, same_r = self.w_known[idx] & (self.w_val[idx] == vals), cur[idx] == vals
         e = self.epoch
-        other_w = (self.w_epoch[idx] == e) & (self.w_wave[idx] != wave)
-        if same_w is not None:
-            other_w &= ~same_w
-        if other_w.any():
-            b = int(idx[np.argmax(other_w)])
-            self._report("write-write" if write else "read-after-write", wave, pc, b, int(self.w_wave[b]),
-                         int(self.w_pc[b]))
+        if write:
+            other_w = (self.w_epoch[idx] == e) & (self.w_wave[idx] != wave)
+            if same_w is not None:
+                other_w &= ~same_w
+            if other_w.any():
+                b = int(idx[np.argmax(other_w)])
+                self._report("write-write", wave, pc, b, int(self.w_wave[b]), int(self.w_pc[b]))
+        else:
+            other_w = (self.c_epoch[idx] == e) & (self.c_wave[idx] != wave)
+            if other_w.any():
+                b = int(idx[np.argmax(other_w)])
+                self._report("read-after-write", wave, pc, b, int(self.c_wave[b]), int(self.c_pc[b]))
         if write:
             other_r = (self.r_epoch[idx] == e) & (self.r_wave[idx] != wave)
             if same_r is not None:
@@ -103,6 +113,10 @@ class LdsRaceChecker:
             self.w_pc[idx] = pc
             self.w_val[idx] = vals if vals is not None else 0
             self.w_known[idx] = vals is not None   # an unknown byte equals no later write
+            ch = idx if same_r is None else idx[~same_r]
+            self.c_wave[ch] = wave
+            self.c_epoch[ch] = e
+            self.c_pc[ch] = pc
         else:
             shared = (self.r_epoch[idx] == e) & (self.r_wave[idx] != wave)
             self.r_wave[idx] = np.where(shared, self._MANY, wave)
