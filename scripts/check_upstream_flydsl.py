@@ -2,12 +2,13 @@
 
 Usage: python scripts/check_upstream_flydsl.py /path/to/FlyDSL-checkout [example.py ... | --kernels [warn] |
        --tests test_file.py ... [-k SUBSTR ...] [--set NAME=VALUE ...] [--arch ARCH] [--lds-races warn]
-       [--skip SUBSTR ...] [--quantum N] [--timeout SECONDS] [--dump-asm DIR]]
+       [--skip SUBSTR ...] [--lds-oob hardware] [--quantum N] [--timeout SECONDS] [--dump-asm DIR]]
 
 ``--tests`` options: ``-k`` keeps only cases whose label (``test_name[params] arch``) contains
 every given substring, ``--skip`` drops those containing any given one (``--skip large_shape``); ``--set NAME=VALUE`` (VALUE a Python literal) replaces that parameter's
 parametrize values by one value, or passes it as a keyword (small shapes, ``bench_iters=1``);
-``--quantum N`` interleaves a workgroup's waves every N instructions instead of
+``--lds-oob hardware`` lets LDS accesses past the allocation read 0 (after a reported fault:
+does the kernel compute the right thing on a GPU?); ``--quantum N`` interleaves a workgroup's waves every N instructions instead of
 running each to its next barrier (with ``--lds-races warn``: does a racy kernel give the right
 answer under a schedule closer to a CU's?); ``CHECK_UPSTREAM_TRACEBACK=1`` prints each failure's traceback and the test's last printed lines on stderr; ``--timeout S`` ends a case after S seconds (reported as FAIL CaseTimeout); ``--dump-asm DIR`` writes the assembly of every kernel a case launches to
 ``DIR/<kernel>.<arch>.s`` (to read what the emulator ran, e.g. for a reported race);
@@ -315,6 +316,9 @@ def _dump(launches, where, arch):
         (out / f"{ln.kernel}.{arch}.s").write_text(ln.asm)
 
 
+LDS_OOB = "raise"   # --lds-oob hardware: LDS over-reads read 0 (as on a GPU) instead of faulting
+
+
 class CaseTimeout(Exception):
     pass
 
@@ -374,7 +378,7 @@ def _run_file(root, rel, arch, lds_races, select, overrides, subs=(), dump_asm=N
             captured = io.StringIO()
             try:
                 with toolchain.target_arch(arch), contextlib.redirect_stdout(captured), \
-                        launch.launch_options(lds_races=lds_races, quantum=quantum), _raw_pointer_regions(), \
+                        launch.launch_options(lds_races=lds_races, quantum=quantum, lds_oob=LDS_OOB), _raw_pointer_regions(), \
                         launch.record_launches() as launches:
                     try:
                         fn(**kw)
@@ -428,6 +432,9 @@ def main(argv):
                 archs = (next(rest),)
             elif a == "--lds-races":
                 races = next(rest)
+            elif a == "--lds-oob":
+                global LDS_OOB
+                LDS_OOB = next(rest)
             elif a == "--quantum":
                 quantum = int(next(rest))
             elif a == "--timeout":

@@ -665,6 +665,21 @@ def test_waves_storing_one_constant_to_one_slot_do_not_race():
                 (1, 1), (128, 1), out, lds=512)
 
 
+def test_lds_oob_hardware_reads_zero_past_the_allocation_instead_of_faulting():
+    from pa_tile.emu import MemoryFault
+    # lane i reads LDS[32 i]: lanes 32-63 land past a 1024-byte allocation (a whole number of
+    # gfx942 granules): a fault by default, 0 under lds_oob="hardware"
+    body = SAME_SLOT.format(value=5).replace("\tds_read_b32 v4, v1\n", "\tv_lshlrev_b32_e32 v5, 5, v0\n"
+                                             "\tds_read_b32 v4, v5\n")
+    out = torch.zeros(64, dtype=torch.int32)
+    with pytest.raises(MemoryFault, match="outside the workgroup's 1024-byte LDS allocation"):
+        _launch(body, (1, 1), (64, 1), out, lds=1024)
+    _launch(body, (1, 1), (64, 1), out, lds=1024, lds_oob="hardware")
+    assert out[0] == 5 and (out[1:] == 0).all()
+    with pytest.raises(ValueError, match="lds_oob"):
+        _launch(body, (1, 1), (64, 1), out, lds=1024, lds_oob="quiet")
+
+
 # --------------------------------------------------------------------------- fast paths vs numerics
 
 def _random_f32_bits(n, seed):
