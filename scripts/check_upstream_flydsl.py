@@ -255,6 +255,8 @@ def run_tests(root: Path, files, lds_races: str = "raise", select=(), overrides=
     torch.cuda.current_stream = lambda *a, **k: None
     torch.Tensor.cuda = lambda self, *a, **k: self
     torch.cuda.device = lambda *a, **k: contextlib.nullcontext()   # launchers pin the tensor's device
+    # launchers and references assert ``t.is_cuda``; here the CPU is the device
+    torch.Tensor.is_cuda = property(lambda self: self.device.type in ("cpu", "cuda"))
     sys.path.insert(0, str(root))
     try:
         import pandas  # noqa: F401
