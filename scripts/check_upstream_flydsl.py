@@ -1,11 +1,17 @@
 """Run FlyDSL's own examples in pa_tile's emulator, on CPU tensors, for gfx942 and gfx950.
 
 Usage: python scripts/check_upstream_flydsl.py /path/to/FlyDSL-checkout [example.py ... | --kernels [warn] |
-       --tests test_file.py ... [-k SUBSTR ...] [--set NAME=VALUE ...] [--arch ARCH] [--lds-races warn]]
+       --tests test_file.py ... [-k SUBSTR ...] [--set NAME=VALUE ...] [--arch ARCH] [--lds-races warn]
+       [--skip SUBSTR ...] [--lds-oob hardware] [--quantum N] [--timeout SECONDS] [--dump-asm DIR]]
 
 ``--tests`` options: ``-k`` keeps only cases whose label (``test_name[params] arch``) contains
-every given substring; ``--set NAME=VALUE`` (VALUE a Python literal) replaces that parameter's
+every given substring, ``--skip`` drops those containing any given one (``--skip large_shape``); ``--set NAME=VALUE`` (VALUE a Python literal) replaces that parameter's
 parametrize values by one value, or passes it as a keyword (small shapes, ``bench_iters=1``);
+``--lds-oob hardware`` lets LDS accesses past the allocation read 0 (after a reported fault:
+does the kernel compute the right thing on a GPU?); ``--quantum N`` interleaves a workgroup's waves every N instructions instead of
+running each to its next barrier (with ``--lds-races warn``: does a racy kernel give the right
+answer under a schedule closer to a CU's?); ``CHECK_UPSTREAM_TRACEBACK=1`` prints each failure's traceback and the test's last printed lines on stderr; ``--timeout S`` ends a case after S seconds (reported as FAIL CaseTimeout); ``--dump-asm DIR`` writes the assembly of every kernel a case launches to
+``DIR/<kernel>.<arch>.s`` (to read what the emulator ran, e.g. for a reported race);
 ``--sub 'OLD=>NEW'`` replaces text in the test module's source before it runs (shapes a test
 hard-codes, e.g. ``--sub 'M, N, K = 16, 5120, 8192=>M, N, K = 16, 128, 1024'``); ``--arch`` runs
 one arch only. FlyDSL's ``run_perftest`` helper calls its function once (the
@@ -24,6 +30,7 @@ import contextlib
 import io
 import os
 import re
+import signal
 import sys
 import traceback
 from pathlib import Path
@@ -115,8 +122,9 @@ def run_kernels(root: Path, lds_races: str = "raise") -> None:
     sys.path.insert(0, str(root))
     for name, fn in kernel_checks().items():
         for arch in ("gfx942", "gfx950"):
+            captured = io.StringIO()
             try:
-                with toolchain.target_arch(arch), contextlib.redirect_stdout(io.StringIO()), \
+                with toolchain.target_arch(arch), contextlib.redirect_stdout(captured), \
                         launch.launch_options(lds_races=lds_races):
                     err, tol = fn()
                 verdict = f"{'PASS' if err <= tol else 'FAIL'} (max abs err {err:.3g}, tol {tol:g})"
@@ -231,7 +239,7 @@ def _stub_triton() -> None:
 
 
 def run_tests(root: Path, files, lds_races: str = "raise", select=(), overrides=None, archs=("gfx942", "gfx950"),
-              subs=()) -> None:
+              subs=(), dump_asm=None, skip=(), timeout=0, quantum=None) -> None:
     import inspect
     import time
 
@@ -246,6 +254,9 @@ def run_tests(root: Path, files, lds_races: str = "raise", select=(), overrides=
     torch.cuda.synchronize = lambda *a, **k: None
     torch.cuda.current_stream = lambda *a, **k: None
     torch.Tensor.cuda = lambda self, *a, **k: self
+    torch.cuda.device = lambda *a, **k: contextlib.nullcontext()   # launchers pin the tensor's device
+    # launchers and references assert ``t.is_cuda``; here the CPU is the device
+    torch.Tensor.is_cuda = property(lambda self: self.device.type in ("cpu", "cuda"))
     sys.path.insert(0, str(root))
     try:
         import pandas  # noqa: F401
@@ -253,7 +264,11 @@ def run_tests(root: Path, files, lds_races: str = "raise", select=(), overrides=
         import types
 
         stub = types.ModuleType("pandas")
-        stub.__getattr__ = lambda name: (lambda *a, **k: None)
+        def attr(name):
+            if name.startswith("__"):   # inspect reads __file__ of every module
+                raise AttributeError(name)
+            return lambda *a, **k: None
+        stub.__getattr__ = attr
         sys.modules["pandas"] = stub
     _stub_triton()
     import types as _t
@@ -270,7 +285,7 @@ def run_tests(root: Path, files, lds_races: str = "raise", select=(), overrides=
         with toolchain.target_arch(arch):
             _once_perftest(root)
             for rel in files:
-                _run_file(root, rel, arch, lds_races, select, overrides, subs)
+                _run_file(root, rel, arch, lds_races, select, overrides, subs, dump_asm, skip, timeout, quantum)
 
 
 @contextlib.contextmanager
@@ -296,7 +311,26 @@ def _raw_pointer_regions():
         torch.Tensor.data_ptr = orig
 
 
-def _run_file(root, rel, arch, lds_races, select, overrides, subs=()):
+def _dump(launches, where, arch):
+    out = Path(where)
+    out.mkdir(parents=True, exist_ok=True)
+    for ln in launches:
+        (out / f"{ln.kernel}.{arch}.s").write_text(ln.asm)
+
+
+LDS_OOB = "raise"   # --lds-oob hardware: LDS over-reads read 0 (as on a GPU) instead of faulting
+
+
+class CaseTimeout(Exception):
+    pass
+
+
+def _alarm(signum, frame):
+    raise CaseTimeout("case ran past --timeout (a shape too large to emulate quickly?)")
+
+
+def _run_file(root, rel, arch, lds_races, select, overrides, subs=(), dump_asm=None, skip=(), timeout=0,
+              quantum=None):
     import inspect
     import time
 
@@ -333,16 +367,26 @@ def _run_file(root, rel, arch, lds_races, select, overrides, subs=()):
             seen.add(key)
             missing = [p for p, d in params.items() if p not in kw and d.default is inspect.Parameter.empty]
             label = f"{rel}::{name}{'[' + ','.join(map(str, kw.values())) + ']' if kw else ''} {arch}"
-            if select and not all(k in label for k in select):
+            if select and not all(k in label for k in select) or any(k in label for k in skip):
                 continue
             if missing:
                 print(f"{label}: not run (needs fixtures {missing})")
                 continue
             t0 = time.perf_counter()
+            print(f"{label}: ...", file=sys.stderr, flush=True)   # shows which case a long run is in
+            if timeout:
+                signal.signal(signal.SIGALRM, _alarm)
+                signal.alarm(timeout)
+            captured = io.StringIO()
             try:
-                with toolchain.target_arch(arch), contextlib.redirect_stdout(io.StringIO()), \
-                        launch.launch_options(lds_races=lds_races), _raw_pointer_regions():
-                    fn(**kw)
+                with toolchain.target_arch(arch), contextlib.redirect_stdout(captured), \
+                        launch.launch_options(lds_races=lds_races, quantum=quantum, lds_oob=LDS_OOB), _raw_pointer_regions(), \
+                        launch.record_launches() as launches:
+                    try:
+                        fn(**kw)
+                    finally:
+                        if dump_asm:
+                            _dump(launches, dump_asm, arch)
                 verdict = "PASS"
             except KeyboardInterrupt:
                 raise
@@ -353,6 +397,11 @@ def _run_file(root, rel, arch, lds_races, select, overrides, subs=()):
                     while e.__cause__ is not None and "re-raised" in str(e):
                         e = e.__cause__
                     verdict = "FAIL " + " ".join(traceback.format_exception_only(type(e), e)).strip().replace("\n", " ")[:600]
+                    if os.environ.get("CHECK_UPSTREAM_TRACEBACK"):
+                        sys.stderr.write("".join(captured.getvalue().splitlines(True)[-40:]))
+                        traceback.print_exception(e, file=sys.stderr)
+            finally:
+                signal.alarm(0)
             print(f"{label}: {verdict} ({time.perf_counter() - t0:.0f} s)", flush=True)
 
 
@@ -370,7 +419,8 @@ def main(argv):
         run_kernels(root, *argv[2:3])
         return 0
     if argv[1:2] == ["--tests"]:
-        files, select, overrides, archs, races, subs = [], [], {}, ("gfx942", "gfx950"), "raise", []
+        files, select, overrides, archs, races, subs, dump, skip, limit, quantum = \
+            [], [], {}, ("gfx942", "gfx950"), "raise", [], None, [], 0, None
         rest = iter(argv[2:])
         for a in rest:
             if a == "-k":
@@ -384,9 +434,20 @@ def main(argv):
                 archs = (next(rest),)
             elif a == "--lds-races":
                 races = next(rest)
+            elif a == "--lds-oob":
+                global LDS_OOB
+                LDS_OOB = next(rest)
+            elif a == "--quantum":
+                quantum = int(next(rest))
+            elif a == "--timeout":
+                limit = int(next(rest))
+            elif a == "--skip":
+                skip.append(next(rest))
+            elif a == "--dump-asm":
+                dump = next(rest)
             else:
                 files.append(a)
-        run_tests(root, files, races, select, overrides, archs, subs)
+        run_tests(root, files, races, select, overrides, archs, subs, dump, skip, limit, quantum)
         return 0
     files = argv[1:] or DEFAULT
     for rel in files:

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 import torch
 
+from pa_tile import arch as pa_arch
 from pa_tile.emu.memory import (
     LDS, GlobalMemory, MemoryFault, Trace, bank_conflicts, buffer_addresses, buffer_load, buffer_store,
     coalescing_segments, decode_vsharp, encode_vsharp, format_table, scalar_buffer_load)
@@ -292,6 +293,18 @@ def test_lds_hardware_mode():
     assert (got[:, :8] == 0xAB).all() and (got[:, 8:] == 0).all()
     lds.write(np.full(64, 1020, np.uint32), LANE == 0, np.full((64, 8), 7, np.uint8))
     assert (lds.data[1020:1024] == 7).all() and lds.data.size == 1024
+
+
+@pytest.mark.parametrize("arch, limit", [("gfx942", 1024), ("gfx950", 1280)])
+def test_lds_hardware_mode_rounds_to_the_arch_granule(arch, limit):
+    # gfx942 allocates LDS in 128-dword blocks, gfx950 in 320-dword ones (LLVM getLdsDwGranularity;
+    # llvm-project PR 208046): bytes up to the block's end are the workgroup's own on hardware
+    lds = LDS(1000, oob="hardware", arch=arch)
+    assert lds.limit == limit == -(-1000 // pa_arch.INFO[arch].lds_granule) * pa_arch.INFO[arch].lds_granule
+    lds.write(np.full(64, limit - 4, np.uint32), LANE == 0, np.full((64, 4), 9, np.uint8))
+    assert (lds.data[limit - 4:limit] == 9).all()
+    assert (lds.read(np.full(64, limit, np.uint32), ALL, 4) == 0).all()
+    assert LDS(1000, arch=arch).limit == 1000     # the default mode faults past the allocation
 
 
 # ---------------------------------------------------------------- coalescing and banks

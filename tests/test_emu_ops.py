@@ -631,6 +631,55 @@ def test_missing_barrier_is_reported_as_an_lds_race():
         _launch(BARRIER_SWAP.format(sync="s_nop 0"), (1, 1), (128, 1), out, lds=512, lds_races="warn")
 
 
+SAME_SLOT = """
+\tv_mov_b32_e32 v1, 0
+\tv_mov_b32_e32 v2, {value}
+\tds_write_b32 v1, v2
+\ts_waitcnt lgkmcnt(0)
+\ts_barrier
+\tds_read_b32 v4, v1
+\tv_lshlrev_b32_e32 v3, 2, v0
+\ts_load_dwordx2 s[4:5], s[0:1], 0x0
+\ts_waitcnt lgkmcnt(0)
+\tglobal_store_dword v3, v4, s[4:5]
+"""
+
+
+def test_waves_storing_one_constant_to_one_slot_do_not_race():
+    # every thread of both waves stores the same word to LDS[0]: no order can show a difference
+    out = torch.zeros(128, dtype=torch.int32)
+    _launch(SAME_SLOT.format(value=7), (1, 1), (128, 1), out, lds=512)
+    assert (out == 7).all()
+    # the byte already holds 0 (LDS starts zeroed here): storing 0 is unobservable too
+    _launch(SAME_SLOT.format(value=0), (1, 1), (128, 1), out, lds=512)
+    assert (out == 0).all()
+    # storing the value a slot holds races with no reader: wave 1 reads LDS[0] while wave 0 (in
+    # run-to-barrier order, first) stores the 0 it already holds
+    body = SAME_SLOT.format(value=0).replace("\ts_waitcnt lgkmcnt(0)\n\ts_barrier\n", "", 1)
+    _launch(body, (1, 1), (128, 1), out, lds=512)
+    with pytest.raises(LdsRaceError, match="read-after-write race"):
+        _launch(body.replace("v_mov_b32_e32 v2, 0", "v_mov_b32_e32 v2, 3"), (1, 1), (128, 1), out, lds=512)
+    # different values from the two waves are a real write-write race
+    with pytest.raises(LdsRaceError, match="write-write race"):
+        _launch(SAME_SLOT.format(value="v0").replace("v_mov_b32_e32 v2, v0", "v_lshrrev_b32_e32 v2, 6, v0"),
+                (1, 1), (128, 1), out, lds=512)
+
+
+def test_lds_oob_hardware_reads_zero_past_the_allocation_instead_of_faulting():
+    from pa_tile.emu import MemoryFault
+    # lane i reads LDS[32 i]: lanes 32-63 land past a 1024-byte allocation (a whole number of
+    # gfx942 granules): a fault by default, 0 under lds_oob="hardware"
+    body = SAME_SLOT.format(value=5).replace("\tds_read_b32 v4, v1\n", "\tv_lshlrev_b32_e32 v5, 5, v0\n"
+                                             "\tds_read_b32 v4, v5\n")
+    out = torch.zeros(64, dtype=torch.int32)
+    with pytest.raises(MemoryFault, match="outside the workgroup's 1024-byte LDS allocation"):
+        _launch(body, (1, 1), (64, 1), out, lds=1024)
+    _launch(body, (1, 1), (64, 1), out, lds=1024, lds_oob="hardware")
+    assert out[0] == 5 and (out[1:] == 0).all()
+    with pytest.raises(ValueError, match="lds_oob"):
+        _launch(body, (1, 1), (64, 1), out, lds=1024, lds_oob="quiet")
+
+
 # --------------------------------------------------------------------------- fast paths vs numerics
 
 def _random_f32_bits(n, seed):

@@ -580,6 +580,7 @@ class Launch:
     trace: Any = None
     progress: Optional[bool] = None
     lds_races: str = "raise"
+    lds_oob: str = "raise"
     quantum: Optional[int] = None
     execute: bool = True
     bounds: str = "view"
@@ -656,6 +657,7 @@ def run_on_emulator(launch: Launch) -> None:
         progress=launch.progress,
         lds_races=launch.lds_races,
         quantum=launch.quantum,
+        lds_oob=launch.lds_oob,
     )
 
 
@@ -672,7 +674,8 @@ def set_launch_handler(fn: Optional[Callable[[Launch], None]]) -> Callable[[Laun
 
 
 _DEFAULT_OPTIONS: Dict[str, Any] = dict(
-    trace=None, progress=None, lds_races="raise", quantum=None, execute=True, bounds="view", regions=()
+    trace=None, progress=None, lds_races="raise", quantum=None, execute=True, bounds="view", regions=(),
+    lds_oob="raise",
 )
 
 
@@ -695,6 +698,7 @@ def launch_options(
     execute: bool = True,
     bounds: str = "view",
     regions: Sequence[Any] = (),
+    lds_oob: str = "raise",
 ) -> Iterator[None]:
     """Launches in this block (this thread) use these options (unnamed ones take their defaults).
 
@@ -702,7 +706,8 @@ def launch_options(
     bar over workgroups on stderr (``True``), none (``False``), or one on long launches when
     someone watches (``None``, see ``pa_tile.progress``); ``lds_races`` (``"raise"``, ``"warn"``, ``"off"``) and
     ``quantum`` (instructions a wave runs before the next takes a turn; ``None``: until its next
-    barrier): see ``run_kernel``.
+    barrier) and ``lds_oob`` (``"raise"``; ``"hardware"``: LDS accesses past the allocation read 0
+    and drop writes, as on a GPU): see ``run_kernel``.
 
     ``bounds``: ``"view"`` (default) lets each tensor argument reach exactly the bytes its view
     spans; ``"storage"`` its whole storage, for kernels that legitimately read past a view
@@ -722,6 +727,8 @@ def launch_options(
     """
     if lds_races not in ("raise", "warn", "off"):
         raise ValueError(f"lds_races must be 'raise', 'warn' or 'off', got {lds_races!r}")
+    if lds_oob not in ("raise", "hardware"):
+        raise ValueError(f"lds_oob must be 'raise' or 'hardware', got {lds_oob!r}")
     if quantum is not None and (isinstance(quantum, bool) or not isinstance(quantum, int) or quantum < 1):
         raise ValueError(f"quantum must be None or a positive int, got {quantum!r}")
     if not isinstance(execute, bool) and execute != "host":
@@ -733,7 +740,7 @@ def launch_options(
         region_of(item, f"regions[{i}]", bounds)  # fail now on a malformed item
     saved = _local.options
     _local.options = dict(trace=trace, progress=None if progress is None else bool(progress), lds_races=lds_races,
-                          quantum=quantum, execute=execute, bounds=bounds, regions=regions)
+                          quantum=quantum, execute=execute, bounds=bounds, regions=regions, lds_oob=lds_oob)
     try:
         yield
     finally:

@@ -341,8 +341,8 @@ def _dims(x, what: str) -> Tuple[int, int, int]:
     return x + (1,) * (3 - len(x))
 
 
-def _make_lds(nbytes: int, arch: str):
-    return LDS(nbytes, arch=arch)
+def _make_lds(nbytes: int, arch: str, oob: str = "raise"):
+    return LDS(nbytes, arch=arch, oob=oob)
 
 
 def _progress_bar(name: str, ngroups: int, progress: Optional[bool]):
@@ -369,6 +369,7 @@ def run_kernel(
     progress: Optional[bool] = None,
     lds_races: str = "raise",
     quantum: Optional[int] = None,
+    lds_oob: str = "raise",
 ) -> None:
     """Execute *kernel_name* of *program* over *grid* x *block* against *memory*.
 
@@ -385,6 +386,10 @@ def run_kernel(
     bytes between two barriers with at least one write (see ``ops_ds.LdsRaceChecker``): such
     code has no defined result on hardware, and this schedule would silently pick one order.
     ``'warn'`` reports each distinct race with ``warnings.warn`` and goes on.
+    ``lds_oob``: ``'raise'`` (default) faults on an LDS access past the workgroup's allocation;
+    ``'hardware'`` follows the hardware instead (reads 0, drops writes, within the allocation
+    rounded up to the arch's granule: ``memory.LDS``), to see what a kernel that over-reads LDS
+    computes on a GPU once the fault is known.
     ``progress=True`` shows a tqdm bar over the workgroups on stderr; ``None`` (the default) shows
     one on launches longer than 3 s when ``pa_tile.progress`` says a person is watching;
     ``False`` never.
@@ -419,6 +424,8 @@ def run_kernel(
         raise ValueError(f"quantum must be None or a positive int, got {quantum!r}")
     if lds_races not in ("raise", "warn", "off"):
         raise ValueError(f"lds_races must be 'raise', 'warn' or 'off', got {lds_races!r}")
+    if lds_oob not in ("raise", "hardware"):
+        raise ValueError(f"lds_oob must be 'raise' or 'hardware', got {lds_oob!r}")
 
     def describe(pc: int) -> str:
         ins = program.instructions[pc]
@@ -438,7 +445,7 @@ def run_kernel(
         with np.errstate(all="ignore"):
             for g in range(ngroups):
                 wg = (g % grid3[0], (g // grid3[0]) % grid3[1], g // (grid3[0] * grid3[1]))
-                lds = _make_lds(lds_bytes, arch)
+                lds = _make_lds(lds_bytes, arch, lds_oob)
                 races = None if lds_races == "off" or nwaves == 1 else LdsRaceChecker(lds_bytes, lds_races, describe)
                 for wi, w in enumerate(waves):
                     w.v.fill(0)

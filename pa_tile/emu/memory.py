@@ -52,7 +52,7 @@ LDS
     in nod-ai/amd-shark-ai docs/amdgpu_kernel_optimization_guide.md; measured in
     docs/empirical-lds/cdna4info.md).
     Out-of-range DS addresses: on GCN the limit was M0; since GFX9 it is the wave's LDS allocation
-    (granules of 512 bytes), and an out-of-range read returns 0 while an out-of-range write is
+    (granules of 512 bytes on gfx942, 1280 on gfx950: :data:`LDS_GRANULE`), and an out-of-range read returns 0 while an out-of-range write is
     dropped. That is the classic GCN rule; a CDNA3-specific sentence for it could not be checked
     here. The emulator raises :class:`MemoryFault` by default (an out-of-range LDS access is a bug
     in our kernels); ``LDS(..., oob="hardware")`` follows the hardware rule instead, per byte,
@@ -111,7 +111,10 @@ WAVE = 64  # the emulator models wave64 only (every arch.INFO[...].wave_size; te
 # views of pa_tile.arch, the one home of arch facts (kept as names: callers and Trace use them)
 LDS_MAX_BYTES = {name: a.lds_per_workgroup for name, a in _arch.INFO.items()}
 LDS_BANKS = {name: a.lds_banks for name, a in _arch.INFO.items()}
-LDS_GRANULE = 512
+# bytes a workgroup's LDS is allocated in: 512 on gfx942 (128 dwords), 1280 on gfx950 (320 dwords,
+# 160 KiB / 128; LLVM PR 208046 stopped rounding gfx950's block up to 2048, and PRs 205637/219172
+# round occupancy and alloca budgets to this granule)
+LDS_GRANULE = {name: a.lds_granule for name, a in _arch.INFO.items()}
 SEGMENT = 64
 
 _U32 = 0xFFFFFFFF
@@ -571,7 +574,9 @@ class LDS:
 
     ``oob="raise"`` (default): any active lane touching a byte at or past ``nbytes`` raises
     :class:`MemoryFault`. ``oob="hardware"``: such bytes read 0 and writes to them are dropped,
-    the limit being ``nbytes`` rounded up to the 512-byte allocation granule.
+    the limit being ``nbytes`` rounded up to *arch*'s allocation granule (:data:`LDS_GRANULE`;
+    without *arch*, the first of ``pa_tile.arch.ARCHS``), since the hardware gives the workgroup
+    the whole last granule.
     ``fill`` is the initial byte (hardware LDS starts with garbage; a loud pattern helps).
     """
 
@@ -582,7 +587,8 @@ class LDS:
             raise ValueError(f"{nbytes} B of LDS exceeds {arch}'s {LDS_MAX_BYTES[arch]} B per workgroup")
         self.nbytes = int(nbytes)
         self.oob = oob
-        self.limit = self.nbytes if oob == "raise" else -(-self.nbytes // LDS_GRANULE) * LDS_GRANULE
+        granule = LDS_GRANULE[arch or _arch.ARCHS[0]]
+        self.limit = self.nbytes if oob == "raise" else -(-self.nbytes // granule) * granule
         self.data = np.full(self.limit, fill, np.uint8)
 
     def _check(self, a, lanes, nbytes, origin, what):

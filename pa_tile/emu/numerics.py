@@ -1057,9 +1057,16 @@ def div_fixup_f32(s0, s1, s2):
 # CBSZ selects A's format and BLGP B's (0 fp8 e4m3, 1 bf8 e5m2, 2 fp6 e2m3, 3 bf6 e3m2, 4 fp4
 # e2m1); items are packed back to back, little-endian, across the dwords of a lane, so A/B take
 # 8, 6 or 4 VGPRs. fp8/bf8 are the OCP formats of gfx950; the fp6/fp4 ones have no inf or NaN.
-# The lane layout is the §7.1.4 formula with K_L = K * M / 64 items per lane (lane i + M * g
-# holds k = K_L * g .. K_L * g + K_L - 1); amd_matrix_instruction_calculator has no CDNA4 data to
-# check it against. Accumulation as in :func:`mfma`.
+# Lane i + M * g holds row i of A (column i of B) and K_L = 32 items of it, but which 32 depends
+# on the item width (:func:`f8f6f4_k_index`): 4- and 6-bit items are the consecutive K block g
+# (the §7.1.4 formula), while 8-bit items come as two runs of 16, K = 16 g .. 16 g + 15 in
+# registers 0-3 and the same run K / 2 further on in registers 4-7. The 8-bit split is the layout
+# of AMD's CDNA4 matrix-core blog (ROCm blogs, "Matrix Core Programming on AMD CDNA3 and CDNA4
+# architecture", its fp8 v_mfma_scale_f32_32x32x64_f8f6f4 example loads
+# a_reg[16 i + j] = A[lane % 32][16 (lane / 32) + 32 i + j]; its fp4 example loads 32 consecutive
+# K); 16x16x128 is taken to split the same way at K / 2 = 64, which FlyDSL's MXFP8 GEMM (written
+# for the hardware) confirms end to end. amd_matrix_instruction_calculator has no CDNA4 data.
+# Accumulation as in :func:`mfma`.
 
 F8F6F4_FORMATS = {0: ("fp8", 8), 1: ("bf8", 8), 2: ("fp6", 6), 3: ("bf6", 6), 4: ("fp4", 4)}
 _MINI = {"fp6": (2, 3, 1), "bf6": (3, 2, 3), "fp4": (2, 1, 1)}  # exponent bits, mantissa bits, bias
@@ -1096,31 +1103,44 @@ def e8m0_scale(codes) -> np.ndarray:
     return np.where(codes == 0xFF, np.nan, np.exp2((codes - 127).astype(np.float64)))
 
 
+def f8f6f4_k_index(mnemonic: str, fmt_code: int) -> np.ndarray:
+    """K coordinate of item t of lane l, shape (64, 32), for A (or B) of a gfx950 f8f6f4 MFMA in
+    format *fmt_code*; that lane holds row ``l % M`` of A (column ``l % N`` of B)."""
+    M, _, K = F8F6F4_SHAPES.get(mnemonic) or F8F6F4_SCALE_SHAPES[mnemonic]
+    g = (np.arange(64) // M)[:, None]
+    t = np.arange(32)[None, :]
+    if F8F6F4_FORMATS[fmt_code][1] == 8:
+        return 16 * g + (K // 2) * (t // 16) + t % 16
+    return 32 * g + t
+
+
 def mfma_f8f6f4(mnemonic: str, a, b, c, cbsz: int = 0, blgp: int = 0, scale_a=None, scale_b=None) -> np.ndarray:
     """D = A x B + C for the gfx950 mixed-format MFMA; a/b are the (regs, 64) source rows.
 
     ``v_mfma_scale_*`` (CDNA4 §7.1.2 "MFMA with scaling"): D = (scaleA . A) x (scaleB . B) + C,
-    with one E8M0 scale per 32 consecutive K items of a row (A) or column (B). In both shapes a
-    lane holds exactly one such block (K_L = 32 items), so *scale_a* / *scale_b* are the 64
-    per-lane E8M0 codes, each applied to that lane's own items."""
+    with one E8M0 scale per 32 consecutive K items of a row (A) or column (B). *scale_a* /
+    *scale_b* are the 64 per-lane E8M0 codes: lane i + M * g holds the scale of row (column) i
+    for K block g (K = 32 g .. 32 g + 31), whichever K items that lane's data holds (8-bit items:
+    halves of two blocks)."""
     M, N, K = F8F6F4_SHAPES.get(mnemonic) or F8F6F4_SCALE_SHAPES[mnemonic]
     kl = K * M // 64
+    lane_row = np.broadcast_to((np.arange(64) % M)[:, None], (64, kl))
 
-    def values(regs, code):
+    def matrix(regs, code, scale):     # (M, K) values, rows indexed like A's
         kind, bits = F8F6F4_FORMATS[code]
         items = _unpack_items(regs, bits, kl)
         if bits == 8:
-            return _to64(f32_bits(_decode(items, kind, "ocp")))
-        return _mini_decode(items.astype(np.int64), kind)
+            v = _to64(f32_bits(_decode(items, kind, "ocp")))
+        else:
+            v = _mini_decode(items.astype(np.int64), kind)
+        X = np.empty((M, K))
+        X[lane_row, f8f6f4_k_index(mnemonic, code)] = v
+        if scale is not None:
+            X = X * np.repeat(e8m0_scale(scale).reshape(K // 32, M).T, 32, axis=1)
+        return X
 
-    av, bv = values(a, cbsz), values(b, blgp)
-    if scale_a is not None:
-        av = av * e8m0_scale(scale_a)[:, None]
-    if scale_b is not None:
-        bv = bv * e8m0_scale(scale_b)[:, None]
-    G = 64 // M
-    A = av.reshape(G, M, kl).transpose(1, 0, 2).reshape(M, K)
-    B = bv.reshape(64 // N, N, kl).transpose(0, 2, 1).reshape(K, N)
+    A = matrix(a, cbsz, scale_a)
+    B = matrix(b, blgp, scale_b).T
     ref = "v_mfma_f32_16x16x4_f32" if M == 16 else "v_mfma_f32_32x32x2_f32"   # same C/D layout
     L = _layout(ref)
     c = _check_regs(c, M * N // 64, "C")

@@ -30,6 +30,13 @@ class LdsRaceChecker:
     in the same epoch is a race (the emulator's run-to-barrier schedule would silently pick one
     order). ``mode``: ``'raise'`` (default) raises :class:`LdsRaceError` at the second access,
     ``'warn'`` records it in :attr:`races` and goes on, ``'off'`` never checks.
+
+    Writes of equal values commute: two waves storing the same byte value to one byte is no
+    write-write race (FlyDSL's MoE sorting clears ``cumsum[0]`` from every thread), and a write
+    of the value a byte already holds races with no read (the reader sees that value in either
+    order). Different values, or a read of a byte another wave changed, still are. The rule
+    needs each write's bytes and the LDS before it lands (``new``, ``cur``); without them every
+    write counts as a change.
     """
 
     _MANY = -2
@@ -47,6 +54,12 @@ class LdsRaceChecker:
         self.r_wave = np.full(n, -1, np.int16)
         self.r_epoch = np.full(n, -1, np.int32)
         self.r_pc = np.zeros(n, np.int32)
+        self.w_val = np.zeros(n, np.uint8)     # byte stored by the last write
+        self.w_known = np.zeros(n, bool)
+        # the last write that changed the byte: only such a write can be seen by a read
+        self.c_wave = np.full(n, -1, np.int16)
+        self.c_epoch = np.full(n, -1, np.int32)
+        self.c_pc = np.zeros(n, np.int32)
         self.races: list = []
 
     def barrier(self) -> None:
@@ -60,26 +73,50 @@ class LdsRaceChecker:
             raise LdsRaceError(msg)
         self.races.append(msg)
 
-    def access(self, wave: int, pc: int, addrs, mask, nbytes: int, write: bool) -> None:
+    def access(self, wave: int, pc: int, addrs, mask, nbytes: int, write: bool, new=None, cur=None) -> None:
         lanes = np.flatnonzero(mask)
         if lanes.size == 0:
             return
         idx = (addrs[lanes].astype(np.int64)[:, None] + np.arange(nbytes)).ravel()
-        idx = idx[(idx >= 0) & (idx < self.w_wave.size)]  # out-of-range bytes are the LDS's business
+        keep = (idx >= 0) & (idx < self.w_wave.size)  # out-of-range bytes are the LDS's business
+        vals = same_w = same_r = None
+        if write and new is not None and cur is not None:
+            keep &= idx < cur.size
+            vals = np.asarray(new, np.uint8)[lanes].ravel()[keep]
+        idx = idx[keep]
+        if idx.size == 0:
+            return
+        if vals is not None:
+            same_w, same_r = self.w_known[idx] & (self.w_val[idx] == vals), cur[idx] == vals
         e = self.epoch
-        other_w = (self.w_epoch[idx] == e) & (self.w_wave[idx] != wave)
-        if other_w.any():
-            b = int(idx[np.argmax(other_w)])
-            self._report("write-write" if write else "read-after-write", wave, pc, b, int(self.w_wave[b]),
-                         int(self.w_pc[b]))
+        if write:
+            other_w = (self.w_epoch[idx] == e) & (self.w_wave[idx] != wave)
+            if same_w is not None:
+                other_w &= ~same_w
+            if other_w.any():
+                b = int(idx[np.argmax(other_w)])
+                self._report("write-write", wave, pc, b, int(self.w_wave[b]), int(self.w_pc[b]))
+        else:
+            other_w = (self.c_epoch[idx] == e) & (self.c_wave[idx] != wave)
+            if other_w.any():
+                b = int(idx[np.argmax(other_w)])
+                self._report("read-after-write", wave, pc, b, int(self.c_wave[b]), int(self.c_pc[b]))
         if write:
             other_r = (self.r_epoch[idx] == e) & (self.r_wave[idx] != wave)
+            if same_r is not None:
+                other_r &= ~same_r
             if other_r.any():
                 b = int(idx[np.argmax(other_r)])
                 self._report("write-after-read", wave, pc, b, int(self.r_wave[b]), int(self.r_pc[b]))
             self.w_wave[idx] = wave
             self.w_epoch[idx] = e
             self.w_pc[idx] = pc
+            self.w_val[idx] = vals if vals is not None else 0
+            self.w_known[idx] = vals is not None   # an unknown byte equals no later write
+            ch = idx if same_r is None else idx[~same_r]
+            self.c_wave[ch] = wave
+            self.c_epoch[ch] = e
+            self.c_pc[ch] = pc
         else:
             shared = (self.r_epoch[idx] == e) & (self.r_wave[idx] != wave)
             self.r_wave[idx] = np.where(shared, self._MANY, wave)
@@ -104,8 +141,8 @@ def _trace(w, mnem, line, addrs, mask, nbytes, write):
     w.trace.lds_access(mnem, line, addrs, mask, nbytes, write=write, wave=w.uid)
 
 
-def _check(w, pc, addrs, mask, nbytes, write):
-    w.races.access(w.wave_id, pc, addrs, mask, nbytes, write)
+def _check(w, pc, addrs, mask, nbytes, write, data=None):
+    w.races.access(w.wave_id, pc, addrs, mask, nbytes, write, data, w.lds.data)
 
 
 def _addr(ctx, o):
@@ -161,9 +198,10 @@ def _ds_write(ctx):
     def h(w):
         a = addr(w, off)
         m = w.em
-        w.lds.write(a, m, rd(w), origin)
+        data = rd(w)
         if w.races is not None:
-            _check(w, pc, a, m, nbytes, True)
+            _check(w, pc, a, m, nbytes, True, data)
+        w.lds.write(a, m, data, origin)
         if w.trace is not None:
             _trace(w, mnem, line, a, m, nbytes, True)
     return h
@@ -227,11 +265,14 @@ def _ds_write2(ctx):
     def h(w):
         m = w.em
         a0, a1 = addr(w, off0), addr(w, off1)
-        w.lds.write(a0, m, r0(w), origin)
-        w.lds.write(a1, m, r1(w), origin)
+        d0 = r0(w)
         if w.races is not None:
-            _check(w, pc, a0, m, size, True)
-            _check(w, pc, a1, m, size, True)
+            _check(w, pc, a0, m, size, True, d0)
+        w.lds.write(a0, m, d0, origin)
+        d1 = r1(w)
+        if w.races is not None:
+            _check(w, pc, a1, m, size, True, d1)
+        w.lds.write(a1, m, d1, origin)
         if w.trace is not None:
             _trace(w, mnem, line, a0, m, size, True)
             _trace(w, mnem, line, a1, m, size, True)

@@ -45,9 +45,9 @@ def _buffer_load_lds(ctx):
         m = w.em
         acc = mm.buffer_load(w.mem, rsrc(w), m, nbytes, origin=origin, **kw(w))
         la = (U32(w.m0) + U32(inst) + slot).astype(U32)
-        w.lds.write(la, m, acc.data, origin)
         if w.races is not None:
-            w.races.access(w.wave_id, pc, la, m, nbytes, True)
+            w.races.access(w.wave_id, pc, la, m, nbytes, True, acc.data, w.lds.data)
+        w.lds.write(la, m, acc.data, origin)
         if w.trace is not None:
             w.trace.global_access(mnem, line, acc.addrs, acc.touched, nbytes, kind="buffer", write=False, wave=w.uid)
             w.trace.lds_access(mnem, line, la, m, nbytes, write=True, wave=w.uid)
