@@ -335,6 +335,11 @@ def choose_num_partitions_budget(num_seqs, num_kv_heads, max_context, *, arch, h
     return -(-tiles // per)
 
 
+# %% [markdown]
+# The default is the timing model's choice (below): the rule above stays as the `"budget"`
+# policy, and the model's table is read once per process.
+
+# %% tags=["export"]
 #: how ``choose_num_partitions`` decides by default: "model" (the timing model's table) or
 #: "budget" (the rule of thumb above)
 DEFAULT_POLICY = "model"
