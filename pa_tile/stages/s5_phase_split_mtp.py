@@ -40,7 +40,7 @@ from pa_tile.kernel_lib import (
 __all__ = ["paged_decode", "paged_decode_partials", "build_launcher", "launch_args", "kernel_args", "plan",
            "LIMITS", "K_LAYOUT", "V_LAYOUT", "DEFAULT_M_TILES", "exchange_slots", "LanePages", "query_rows",
            "tile_range", "stage_scales", "phase_b", "store_stats", "merge_weights", "Spec", "stage_query",
-           "score_factors", "lane_scales", "phase_a", "write_rows", "merge_and_write"]
+           "score_factors", "lane_scales", "phase_a", "write_rows", "merge_and_write", "make_kernel"]
 
 #: what the stage-5 kernel supports (upstream's tile kernel takes head_dim 64, 128 and 256 too)
 LIMITS = problem.Limits(stage="s5", head_dims=(64, 128, 256), block_sizes=(16, 64), groups=None, max_group=32,
@@ -417,21 +417,8 @@ def merge_and_write(c, lds, shared, res, rows, v_scale, outputs, seq, kvh, part,
         write_rows(c, o, mx, total, rows[m], seq, kvh, part, wave, grp, num_kv_heads, o_rs, mx_rs, sm_rs)
 
 
-@functools.lru_cache(maxsize=None)
-def build_launcher(arch, block_size, head_dim, group, query_length, q_dtype="f16", per_token=False,
-                   trans_v=True, sliding_window=0, num_partitions=1, m_tiles=None):
-    """The ``@flyc.jit`` launcher for one specialization (every argument is a compile-time constant).
-
-    ``num_partitions`` > 1: workgroup z handles tiles ``[z·tpp, min((z+1)·tpp, num_tiles))``,
-    ``tpp = ceil(num_tiles / num_partitions)``, and writes partial results instead of ``out``:
-    ``pmax``/``psum`` [num_seqs, num_kv_heads, num_partitions, rows] float32 = the partition's
-    row max of ``softmax_scale·q·k`` (natural-log units) and ``Σ exp(score - pmax)``, and
-    ``pout`` [..., rows, head_dim] float32 = the partition's *normalized* output
-    ``Σ p·v / Σ p`` (V scales applied). A partition with no visible token for a row writes
-    pmax = MASKED/ln 2 (about -6.9e29, a finite -inf), psum = 0, pout = 0.
-    """
-    c = Spec(arch, block_size, head_dim, group, query_length, q_dtype, per_token, trans_v, sliding_window,
-             num_partitions, m_tiles)
+def make_kernel(c):
+    """The kernel function of specialization ``c`` (a :class:`Spec`)."""
     MT, NCH = c.MT, c.NCH
     Shared = c.lds_layout()
 
@@ -452,7 +439,7 @@ def build_launcher(arch, block_size, head_dim, group, query_length, q_dtype="f16
         shared = fx.recast_iter(fx.Uint8, lds.shared.ptr)
         rows = query_rows(mgrp, col, MT, c.ROWS, c.QL, c.G)
         k_scale = v_scale = None
-        if const_expr(not per_token):
+        if const_expr(not c.per_token):
             k_scale = scalar_load(key_scale, 0).bitcast(fx.Float32)
             v_scale = scalar_load(value_scale, 0).bitcast(fx.Float32)
         stage_query(c, shared, rows, q_rs, seq, kvh, q_stride_row, q_stride_head, wave, lane, grp)
@@ -461,8 +448,8 @@ def build_launcher(arch, block_size, head_dim, group, query_length, q_dtype="f16
         hi1 = [ctx - (c.QL - 1) + rows[m][1] for m in range_constexpr(MT)]
         last_page, t_start, t_end = tile_range(ctx, part, c.BS, c.QL, c.W, c.NP)
         pages = LanePages(bt_rs, k_rs, v_rs, seq * max_blocks, last_page, kvh, num_kv_heads, wave, lane, col,
-                          grp, block_size=c.BS, head_dim=c.HD, trans_v=trans_v)
-        if const_expr(per_token):
+                          grp, block_size=c.BS, head_dim=c.HD, trans_v=c.trans_v)
+        if const_expr(c.per_token):
             ks_rs, vs_rs = rsrc(key_scale), rsrc(value_scale)
             sc_lds = fx.recast_iter(fx.Uint8, lds.scales.ptr)
             sc_k = wave * (2 * WAVE * 4)  # this wave's 64 K scales, then its 64 V weights
@@ -476,7 +463,7 @@ def build_launcher(arch, block_size, head_dim, group, query_length, q_dtype="f16
             t = fx.Int32(t)
             k_page, v_page = st[0], st[1]
             pt_args = None
-            if const_expr(per_token):
+            if const_expr(c.per_token):
                 k_sc1 = pages.scale(ks_rs, v_page)  # issued first: the oldest loads, waited for first
                 v_sc1 = pages.scale(vs_rs, v_page)
                 pt_args = (sc_lds, sc_k, sc_v, k_sc1, v_sc1, wave, grp)
@@ -494,8 +481,18 @@ def build_launcher(arch, block_size, head_dim, group, query_length, q_dtype="f16
         outputs = (out,) if const_expr(c.NP == 1) else (pout, pmax, psum)
         merge_and_write(c, lds, shared, res, rows, v_scale, outputs, seq, kvh, part, num_kv_heads, wave, lane, col, grp)
 
+    return pa_decode_s5
+
+
+@functools.lru_cache(maxsize=None)
+def build_launcher(arch, block_size, head_dim, group, query_length, q_dtype="f16", per_token=False,
+                   trans_v=True, sliding_window=0, num_partitions=1, m_tiles=None):
+    """The ``@flyc.jit`` launcher for one specialization (every argument is a compile-time constant;
+    the partials of a split are described above)."""
+    c = Spec(arch, block_size, head_dim, group, query_length, q_dtype, per_token, trans_v, sliding_window,
+             num_partitions, m_tiles)
     # launch(out, pmax, psum, pout, query, ..., value_scale, num_seqs, num_kv_heads, ..., scale_log2, stream)
-    return jit_launcher(pa_decode_s5, grid_yz=lambda a: (a["num_kv_heads"] * c.MG, c.NP))
+    return jit_launcher(make_kernel(c), grid_yz=lambda a: (a["num_kv_heads"] * c.MG, c.NP))
 
 
 def kernel_args(p, first, query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale):
@@ -581,7 +578,7 @@ def paged_decode_partials(query, key_cache, value_cache, block_tables, context_l
                           num_partitions, softmax_scale=None, query_length=None, sliding_window=0, arch=None,
                           m_tiles=None):
     """The split-K half of chapter 6: ``(pmax, psum, pout)`` of each of ``num_partitions``
-    partitions (layouts and empty-partition values in ``build_launcher``)."""
+    partitions (layouts and empty-partition values: the notes before ``build_launcher``)."""
     launcher, args, arch = launch_args(query, key_cache, value_cache, block_tables, context_lengths, key_scale,
                                        value_scale, softmax_scale=softmax_scale, query_length=query_length,
                                        sliding_window=sliding_window, arch=arch, num_partitions=num_partitions,
