@@ -90,19 +90,8 @@ def launch(jit_fn, args: Sequence, *, arch: str, names: Optional[Sequence[str]] 
             return _Simulated(jit_fn, names)
         from pa_tile.emu import device as sim_device
 
-        # the same compile cache as the emulator: the device's memory is these host tensors
+        # the emulator's own path from here: the device's memory is these host tensors
         args, device = sim_device.to_host(tuple(args)), torch.device("cpu")
-        key = (jit_fn, arch, _signature(args))
-        compiled = _compiled.get(key)
-        if compiled is None:
-            with _lock:
-                compiled = _compiled.get(key)
-                if compiled is None:
-                    compiled = _compile(jit_fn, args, None, arch, False, simulated=True)
-                    _compiled[key] = compiled
-                    return _Simulated(jit_fn, names, compiled)
-        compiled(*args, None)
-        return _Simulated(jit_fn, names, compiled)
     on_gpu = device.type == "cuda"
     key = (jit_fn, arch, _signature(args))
     compiled = _compiled.get(key)
@@ -111,11 +100,12 @@ def launch(jit_fn, args: Sequence, *, arch: str, names: Optional[Sequence[str]] 
             compiled = _compiled.get(key)
             if compiled is None:
                 stream = torch.cuda.current_stream(device) if on_gpu else None
-                compiled = _compile(jit_fn, args, stream, arch, on_gpu)
+                compiled = _compile(jit_fn, args, stream, arch, on_gpu, simulated=gpu is not None)
                 _compiled[key] = compiled
-                return compiled  # flyc.compile ran it (the first launch)
+                # flyc.compile ran it (the first launch)
+                return compiled if gpu is None else _Simulated(jit_fn, names, compiled)
     call(compiled, args, arch, device)
-    return compiled
+    return compiled if gpu is None else _Simulated(jit_fn, names, compiled)
 
 
 def call(compiled, args: Sequence, arch: str, device: torch.device) -> None:
