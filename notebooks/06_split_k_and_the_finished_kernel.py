@@ -457,33 +457,37 @@ SWEEP = {  # label: (batch, context, q heads, kv heads, query_length); head_dim 
     "152 x 32k tokens, 64 heads / 8 KV heads": (152, 32768, 64, 8, 1),
 }
 SWEEP_GPUS = {"MI300X": ("mi300x", "gfx942"), "MI355X": ("mi355x", "gfx950")}
-samples, panels, picks, srows = {}, {}, {}, []
-for label, (b, ctx, qh, kvh, ql) in SWEEP.items():
-    shape = DecodeShape(batch=b, context=ctx, num_q_heads=qh, num_kv_heads=kvh, head_dim=128, block_size=16,
-                        query_length=ql)
-    tiles = -(-ctx // TILE)
-    panels[label], picks[label] = {}, {}
-    for gpu, (name, arch) in SWEEP_GPUS.items():
-        key = (arch, shape.group, ql)
-        if key not in samples:  # one emulator sample per configuration (as the table's script takes it)
-            probe = DecodeShape(batch=1, context=1024, num_q_heads=shape.group, num_kv_heads=1, head_dim=128,
-                                block_size=16, query_length=ql)
-            samples[key] = model.sample_stage("s6", probe, arch)
-        ps = sorted({-(-tiles // -(-tiles // p)) for p in range(1, min(tiles, MAX_PARTITIONS) + 1)})
-        us = [model.predict_stage("s6", shape, name, sample=samples[key], partitions=p).predicted_us for p in ps]
-        t = dict(zip(ps, us))
-        rule = choose_num_partitions(b, kvh, ctx, arch=arch, group=shape.group, query_length=ql, policy="budget")
-        chosen = choose_num_partitions(b, kvh, ctx, arch=arch, group=shape.group, query_length=ql)
-        panels[label][gpu] = (ps, us)
-        picks[label][gpu] = dict(rule=rule, model=chosen)
-        best = min(t, key=t.get)
-        srows.append({"shape": label, "GPU": gpu, "rule P": rule, "rule µs (pred.)": f"{t[rule]:.1f}",
-                      "model P": chosen, "model µs (pred.)": f"{t[chosen]:.1f}",
-                      "speedup (pred.)": f"{t[rule] / t[chosen]:.2f}x", "argmin P": best})
-print("PREDICTED by pa_tile.perf.model (not measured): stage 6, head_dim 128, block size 16")
-print(format_table(srows))
-fig = figures.partition_sweep(panels, picks, note="stage 6, head_dim 128; open square = rule of thumb, star = model's table")
-plt.show()
+if backend.current_backend() == "emu":  # the model's samples are emulator traces
+    samples, panels, picks, srows = {}, {}, {}, []
+    for label, (b, ctx, qh, kvh, ql) in SWEEP.items():
+        shape = DecodeShape(batch=b, context=ctx, num_q_heads=qh, num_kv_heads=kvh, head_dim=128, block_size=16,
+                            query_length=ql)
+        tiles = -(-ctx // TILE)
+        panels[label], picks[label] = {}, {}
+        for gpu, (name, arch) in SWEEP_GPUS.items():
+            key = (arch, shape.group, ql)
+            if key not in samples:  # one emulator sample per configuration (as the table's script takes it)
+                probe = DecodeShape(batch=1, context=1024, num_q_heads=shape.group, num_kv_heads=1, head_dim=128,
+                                    block_size=16, query_length=ql)
+                samples[key] = model.sample_stage("s6", probe, arch)
+            ps = sorted({-(-tiles // -(-tiles // p)) for p in range(1, min(tiles, MAX_PARTITIONS) + 1)})
+            us = [model.predict_stage("s6", shape, name, sample=samples[key], partitions=p).predicted_us for p in ps]
+            t = dict(zip(ps, us))
+            rule = choose_num_partitions(b, kvh, ctx, arch=arch, group=shape.group, query_length=ql, policy="budget")
+            chosen = choose_num_partitions(b, kvh, ctx, arch=arch, group=shape.group, query_length=ql)
+            panels[label][gpu] = (ps, us)
+            picks[label][gpu] = dict(rule=rule, model=chosen)
+            best = min(t, key=t.get)
+            srows.append({"shape": label, "GPU": gpu, "rule P": rule, "rule µs (pred.)": f"{t[rule]:.1f}",
+                          "model P": chosen, "model µs (pred.)": f"{t[chosen]:.1f}",
+                          "speedup (pred.)": f"{t[rule] / t[chosen]:.2f}x", "argmin P": best})
+    print("PREDICTED by pa_tile.perf.model (not measured): stage 6, head_dim 128, block size 16")
+    print(format_table(srows))
+    fig = figures.partition_sweep(panels, picks, note="stage 6, head_dim 128; open square = rule of thumb, star = model's table")
+    plt.show()
+else:
+    print("skipped on a GPU: the model samples its kernels in the emulator (run this chapter with "
+          "PA_TILE_BACKEND=emu to see its predictions)")
 
 # %% [markdown]
 # At small batch the rule of thumb was the expensive one: 3 sequences of 1027 tokens with 64
