@@ -278,7 +278,7 @@ def _simulate_from_env() -> None:
     """``PA_TILE_SIMULATE_GPU=gfx942`` (or ``gfx950``, optionally ``:<CUs>``): the whole process runs
     on an executing simulated GPU, so a notebook or script takes its GPU code paths on a CPU;
     ``PA_TILE_SIMULATE_GPU_LOG=<file>`` appends a line per launch to that file."""
-    global _simulated
+    global _simulated, _process_device
     spec = os.environ.get(SIMULATE_ENV_VAR, "").strip()
     if not spec or _simulated is not None:
         return
@@ -287,7 +287,6 @@ def _simulate_from_env() -> None:
         cu = int(cus) if cus else None
     except ValueError:
         raise ValueError(f"{SIMULATE_ENV_VAR}={spec!r}: the CU count after ':' must be an integer") from None
-    global _process_device
     gpu = SimulatedGPU(arch, cu, execute=True)
     _process_device = _start_device(gpu)
     _simulated = gpu

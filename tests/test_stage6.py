@@ -136,17 +136,23 @@ def test_heuristic_fills_the_machine_without_tiny_partitions():
         s6.choose_num_partitions_budget(1, 1, 1000, arch="gfx90a")
 
 
-def test_heuristic_never_exceeds_limits():
+def _batches():
+    """(num_seqs, num_kv_heads, max_context, arch, tiles) over batch sizes, KV heads, contexts
+    around the tile edges and both archs: where a partition choice must stay in the limits."""
     for S in (1, 2, 7, 64, 1000):
         for kvh in (1, 4, 8):
             for ctx in (1, 255, 256, 257, 511, 513, 5000, 100000):
                 for arch in ARCHS:
-                    P = s6.choose_num_partitions_budget(S, kvh, ctx, arch=arch)
-                    tiles = -(-ctx // 256)
-                    assert 1 <= P <= s6.MAX_PARTITIONS
-                    assert P == 1 or tiles // P >= s6.MIN_TILES_PER_PARTITION
-                    per = -(-tiles // P)
-                    assert per * (P - 1) < tiles  # the longest sequence leaves no partition empty
+                    yield S, kvh, ctx, arch, -(-ctx // 256)
+
+
+def test_heuristic_never_exceeds_limits():
+    for S, kvh, ctx, arch, tiles in _batches():
+        P = s6.choose_num_partitions_budget(S, kvh, ctx, arch=arch)
+        assert 1 <= P <= s6.MAX_PARTITIONS
+        assert P == 1 or tiles // P >= s6.MIN_TILES_PER_PARTITION
+        per = -(-tiles // P)
+        assert per * (P - 1) < tiles  # the longest sequence leaves no partition empty
 
 
 def test_heuristic_keeps_the_partials_under_their_byte_budget():
@@ -162,15 +168,11 @@ def test_heuristic_keeps_the_partials_under_their_byte_budget():
 
 def test_model_choice_never_exceeds_limits():
     """The default (the timing model's table): within the kernel's limits, tiles split evenly."""
-    for S in (1, 2, 7, 64, 1000):
-        for kvh in (1, 4, 8):
-            for ctx in (1, 255, 256, 257, 511, 513, 5000, 100000):
-                for arch in ARCHS:
-                    P = s6.choose_num_partitions(S, kvh, ctx, arch=arch)
-                    tiles = -(-ctx // 256)
-                    assert 1 <= P <= min(s6.MAX_PARTITIONS, tiles)
-                    per = -(-tiles // P)
-                    assert per * (P - 1) < tiles  # the longest sequence leaves no partition empty
+    for S, kvh, ctx, arch, tiles in _batches():
+        P = s6.choose_num_partitions(S, kvh, ctx, arch=arch)
+        assert 1 <= P <= min(s6.MAX_PARTITIONS, tiles)
+        per = -(-tiles // P)
+        assert per * (P - 1) < tiles  # the longest sequence leaves no partition empty
 
 
 # ---------------------------------------------------------------------------- the finished kernel

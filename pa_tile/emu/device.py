@@ -243,20 +243,21 @@ class _Constructors(TorchFunctionMode):
 def _to(self, args, kwargs):
     """``Tensor.to`` in all its forms, to or from the simulated device."""
     if args and isinstance(args[0], torch.Tensor):  # .to(other): other's device and dtype
-        other = args[0]
-        device, dtype, rest = other.device, other.dtype, dict(kwargs)
-        rest.pop("non_blocking", None), rest.pop("copy", None)
+        device, dtype = args[0].device, args[0].dtype
     else:
-        device, dtype, _nb, memory_format = torch._C._nn._parse_to(*args, **kwargs)
-    copy = bool(kwargs.get("copy", False))
-    src = self.host if isinstance(self, DeviceTensor) else self
-    to_sim = _is_sim(device) if device is not None else isinstance(self, DeviceTensor)
-    res = src.to(device=_CPU, dtype=dtype or src.dtype, copy=copy)
-    if not to_sim:
-        return res if not (res is src and isinstance(self, DeviceTensor)) else src.clone()
-    if res is src and isinstance(self, DeviceTensor):
-        return self  # already there: torch returns the tensor itself
-    return DeviceTensor(res if res is not src else src.clone())
+        device, dtype = torch._C._nn._parse_to(*args, **kwargs)[:2]
+    on_device = isinstance(self, DeviceTensor)
+    src = self.host if on_device else self
+    to_sim = _is_sim(device) if device is not None else on_device
+    res = src.to(device=_CPU, dtype=dtype or src.dtype, copy=bool(kwargs.get("copy", False)))
+    if to_sim:
+        if res is src and on_device:
+            return self  # already there: torch returns the tensor itself
+        return DeviceTensor(res if res is not src else src.clone())
+    if on_device:
+        _count_sync("Tensor.to")  # a copy into host memory, as .cpu()
+        return res if res is not src else src.clone()
+    return res
 
 
 _FROM_DATA = {torch.tensor, torch.as_tensor, torch.asarray}
