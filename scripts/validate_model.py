@@ -603,6 +603,16 @@ def _report(s, rows, steps, data) -> str:
             "direction: the grid's waves over the CUs (busiest CU, generations of resident workgroups), the "
             "per-workgroup fixed cost and the reduce kernel are in the model, but at batch 64-128 it still sees "
             "more workgroups as more latency hiding, where hardware got slower.",
+            "- A GPU-wide memory-level-parallelism bound was tried and does not fix them: Little's law, "
+            "(bytes in flight: the walk's per-wave peak x waves resident on the average active CU x active CUs) "
+            "/ loaded latency, as a third term beside CU and HBM time. It changed no figure of this report "
+            "(same 14/22, 9/20, 0.980): over the fit grid its bandwidth was a median 2.7x the achievable HBM "
+            "bandwidth, and where it fell below (few workgroups) the per-wave latency walk, which is the same "
+            "law applied to the busiest CU's waves, was already longer. An aggregate bound can only bind where "
+            "the average CU is worse than the busiest, so it cannot turn the partition steps; what would have "
+            "to be modelled instead (a per-CU or per-XCD cap on outstanding misses, partial-write and reduce "
+            "costs larger than Infinity Cache bandwidth implies) has no sourced constant here, so it was not "
+            "added (not committed; a finding, not a feature).",
             "- Coalescing figure: 128-byte lines per vector access used to be counted from raw host addresses, so "
             "they depended on where the host allocator put each run's tensors (differences of two runs swung by "
             "up to 2.7x between runs of the same version; the committed report of the previous model could not "
