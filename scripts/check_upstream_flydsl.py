@@ -339,7 +339,14 @@ def _run_file(root, rel, arch, lds_races, select, overrides, subs=(), dump_asm=N
 
     path = root / rel
     sys.path.insert(0, str(path.parent))   # sibling helper modules (coop_common, ...)
-    ns = {"__name__": "upstream_test", "__file__": str(path)}
+    # a real module in sys.modules: dataclasses (and anything else resolving ``cls.__module__``)
+    # look the defining module up there, and a bare namespace dict made them fail to load
+    import types
+
+    module = types.ModuleType("upstream_test")
+    module.__file__ = str(path)
+    sys.modules["upstream_test"] = module
+    ns = module.__dict__
     try:
         with contextlib.redirect_stdout(io.StringIO()):
             text = path.read_text()

@@ -1,0 +1,29 @@
+"""``scripts/check_upstream_flydsl.py --tests`` loads an upstream test file as a module: one that
+defines a dataclass (FlyDSL's ``test_gemm_a16w16_gfx950.py`` does) must load and run, which
+needs the module registered in ``sys.modules`` (dataclasses look their module up there)."""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _harness():
+    spec = importlib.util.spec_from_file_location("check_upstream_flydsl", ROOT / "scripts" / "check_upstream_flydsl.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_a_test_module_with_a_dataclass_loads_and_runs(tmp_path, capsys, monkeypatch):
+    (tmp_path / "test_dc.py").write_text(
+        "from dataclasses import dataclass\n\n"
+        "@dataclass\nclass Shape:\n    m: int\n    n: int = 4\n\n"
+        "def test_shape():\n    assert Shape(2).n == 4\n")
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    _harness()._run_file(tmp_path, "test_dc.py", "gfx942", "raise", (), {})
+    sys.modules.pop("upstream_test", None)
+    out = capsys.readouterr().out
+    assert "not loaded" not in out
+    assert "test_dc.py::test_shape gfx942: PASS" in out
