@@ -33,6 +33,7 @@ import re
 import signal
 import sys
 import traceback
+import types
 from pathlib import Path
 
 DEFAULT = ["examples/01-vectorAdd.py", "examples/02-tiledCopy.py", "examples/03-tiledMma.py",
@@ -209,7 +210,7 @@ def _stub_triton() -> None:
         import triton  # noqa: F401
         return
     except ImportError:
-        import types
+        pass
 
     class _Any:
         def __getattr__(self, name):
@@ -261,8 +262,6 @@ def run_tests(root: Path, files, lds_races: str = "raise", select=(), overrides=
     try:
         import pandas  # noqa: F401
     except ImportError:  # FlyDSL's test helpers import it for their perf tables only
-        import types
-
         stub = types.ModuleType("pandas")
         def attr(name):
             if name.startswith("__"):   # inspect reads __file__ of every module
@@ -271,10 +270,8 @@ def run_tests(root: Path, files, lds_races: str = "raise", select=(), overrides=
         stub.__getattr__ = attr
         sys.modules["pandas"] = stub
     _stub_triton()
-    import types as _t
-
     # kernels size their grids by the CU count
-    torch.cuda.get_device_properties = lambda *a, **k: _t.SimpleNamespace(
+    torch.cuda.get_device_properties = lambda *a, **k: types.SimpleNamespace(
         multi_processor_count=256, gcnArchName=os.environ.get("FLYDSL_GPU_ARCH", "gfx942"), name="pa_tile emulator")
     for arch in archs:
         # Test modules (and the helpers they import) compute arch-dependent constants at import
@@ -341,8 +338,6 @@ def _run_file(root, rel, arch, lds_races, select, overrides, subs=(), dump_asm=N
     sys.path.insert(0, str(path.parent))   # sibling helper modules (coop_common, ...)
     # a real module in sys.modules: dataclasses (and anything else resolving ``cls.__module__``)
     # look the defining module up there, and a bare namespace dict made them fail to load
-    import types
-
     module = types.ModuleType("upstream_test")
     module.__file__ = str(path)
     sys.modules["upstream_test"] = module
