@@ -69,11 +69,13 @@ scores ``D[token, row] = K·Qᵀ``, P·V with V as A and P as B so the output fr
 
 * query_length 1..4 and query-group sizes 1..32: the ``query_length·group`` query rows of a
   (sequence, KV head) are flattened (MTP position outer, head inner) and tiled into 16-row
-  M-tiles; a workgroup runs up to ``m_tiles`` of them (default ``DEFAULT_M_TILES``; grid y = KV
-  heads x M-groups) and loads the query once, staged in LDS; the last ``query_length``
-  positions are causally masked, with an optional sliding window;
+  M-tiles; a workgroup runs up to ``m_tiles`` of them (default: all, so K and V are read once;
+  grid y = KV heads x M-groups) and loads the query once, staged in LDS; the last
+  ``query_length`` positions are causally masked, with an optional sliding window;
 * the phase split: on K's registers each M-tile's scores, row max and fp8 P in turn, then on V's
-  every M-tile's P·V, so K and V are read once for all of a workgroup's M-tiles;
+  every M-tile's P·V, so K and V are read once for all of a workgroup's M-tiles; past two
+  M-tiles P·V is split across the waves by head_dim (upstream's split: a shared row max and P
+  through LDS, a quarter of the output registers);
 * blocked K ``[nb, kvh, head_dim//16, block, 16]``, trans-blocked V ``[nb, kvh, block//16,
   head_dim, 16]`` (or plain V ``[nb, kvh, head_dim, block]``), head_dim 64/128/256, f16/bf16
   query (any row/head strides, unit channel stride), output in the query dtype;
@@ -83,6 +85,7 @@ scores ``D[token, row] = K·Qᵀ``, P·V with V as A and P as B so the output fr
 
 import functools
 import math
+import types
 
 import torch
 
@@ -98,9 +101,10 @@ from pa_tile.kernel_lib import (
 )
 
 __all__ = ["paged_decode", "paged_decode_partials", "build_launcher", "launch_args", "kernel_args", "plan",
-           "LIMITS", "K_LAYOUT", "V_LAYOUT", "DEFAULT_M_TILES", "exchange_slots", "LanePages", "query_rows",
+           "LIMITS", "K_LAYOUT", "V_LAYOUT", "PHASE_GROUP", "WIDE_ABOVE", "exchange_slots", "LanePages", "query_rows",
            "tile_range", "stage_scales", "phase_b", "store_stats", "merge_weights", "Spec", "stage_query",
-           "score_factors", "lane_scales", "phase_a", "write_rows", "merge_and_write", "make_kernel"]
+           "score_factors", "lane_scales", "phase_a", "write_rows", "merge_and_write", "WidePages", "wide_v",
+           "wide_scores", "wide_v_max", "wide_v_weight", "wide_pv", "wide_loop", "wide_merge_and_write", "make_kernel"]
 
 #: what the stage-5 kernel supports (upstream's tile kernel takes head_dim 64, 128 and 256 too)
 LIMITS = problem.Limits(stage="s5", head_dims=(64, 128, 256), block_sizes=(16, 64), groups=None, max_group=32,
@@ -133,27 +137,26 @@ NINF = float("-inf")
 # addressing on top, two M-tiles at head_dim 128 take ~166 registers, 3 waves per SIMD (the
 # occupancy steps are 512 / 8-register granules: ≤ 80 → 6, ≤ 96 → 5, ≤ 128 → 4, ≤ 168 → 3,
 # ≤ 256 → 2), better than upstream's 2 with the same rows. Four take ~270: one wave per SIMD,
-# short of upstream's 246 registers and 2 waves. So `plan` keeps up to `DEFAULT_M_TILES`
-# M-tiles in one workgroup (two at head_dim 64 and 128, one at 256) and gives the rest more
-# workgroups along grid y (`kv_heads × m_groups`), which read the KV head's K and V again: a
-# stated cost, measured under "Memory traffic" below. `m_tiles=` overrides the cap.
+# short of upstream's 246 registers and 2 waves, and giving the extra M-tiles to more
+# workgroups re-reads the KV head's K and V once per workgroup (4.7x the compulsory bytes at
+# query_length 4 × group 16). So past two M-tiles the kernel switches to upstream's split of the
+# work, **P·V by head_dim** ("Many M-tiles" below): each wave keeps only its quarter of `O`
+# (`head_dim/16` registers per M-tile), at the price of P going through LDS with barriers. `plan`
+# keeps every M-tile of a KV head in one workgroup (up to 8: 128 rows), so K and V are read once;
+# `m_tiles=` caps it, and more M-tiles then go to more workgroups along grid y
+# (`kv_heads × m_groups`), each re-reading K and V: measured under "Memory traffic" below.
 
 # %% tags=["export"]
-#: the most M-tiles one workgroup carries by default, per head_dim: their output fragments
-#: (``head_dim/4`` registers per lane each) are what the loop cannot give back
-DEFAULT_M_TILES = {64: 2, 128: 2, 256: 1}
-
-
 def plan(head_dim, group, query_length, m_tiles=None):
     """``(rows, m_tiles_total, m_tiles_per_workgroup, m_groups)`` for a problem shape.
 
-    A workgroup takes at most ``m_tiles`` M-tiles (default ``DEFAULT_M_TILES[head_dim]``) and
-    reads K and V once for all of them; more M-tiles go to more workgroups along grid y, and each
-    of those reads the KV head's K and V again.
+    A workgroup takes at most ``m_tiles`` M-tiles (default: all of them, up to
+    ``LIMITS.max_m_tiles``) and reads K and V once for all of them; more M-tiles go to more
+    workgroups along grid y, and each of those reads the KV head's K and V again.
     """
     rows = query_length * group
     total = -(-rows // 16)
-    cap = DEFAULT_M_TILES[head_dim] if m_tiles is None else m_tiles
+    cap = LIMITS.max_m_tiles if m_tiles is None else m_tiles
     groups = -(-total // cap)
     per_wg = -(-total // groups)  # spread evenly: 3 M-tiles -> 2 + 2 (one padding tile), not 2 + 1
     return rows, total, per_wg, groups
@@ -526,12 +529,27 @@ class Spec:
         self.NH = head_dim // 64  # 64-channel halves of a K row: K chunks grp and grp + 4
         self.NCH = head_dim // 16  # 16-channel d-chunks of the output
         self.CPW = self.NCH // WAVES  # d-chunks each wave owns after the merge
+        self.WIDE = self.MT > WIDE_ABOVE  # P·V split by head_dim, P through LDS ("Many M-tiles")
+        self.MB = PHASE_GROUP[head_dim]  # M-tiles per phase group of the head_dim split
         self.XS, self.SHARED_BYTES = exchange_slots(head_dim, self.MT)
+        if self.WIDE:  # no exchange after the loop: the shared region holds only the staged query
+            self.SHARED_BYTES = self.MT * (16 * head_dim + 4 * WAVE)
         self.Q_SCALES = self.MT * self.NH * WAVE * 16  # byte offset of the staged query scales
         self.SC_FLOATS = WAVES * 2 * WAVE if per_token else 4  # [wave][K scale | V weight][token]
 
     def lds_layout(self):
         """The workgroup's LDS, as a FlyDSL struct."""
+        if self.WIDE:
+            @fx.struct
+            class Wide:
+                stats: fx.Array[fx.Float32, self.MT * 16 * WAVES, 16]  # [m-tile][row][wave]: max; after the loop, sum
+                shared: fx.Array[fx.Float32, self.SHARED_BYTES // 4, 16]  # the staged query
+                pslab: fx.Array[fx.Float32, WAVES * WAVE * 4, 16]  # [wave][lane] x 16 fp8 P codes
+                # per token: [wave][K scale | V weight][token], then [wave] V-scale maxes
+                scales: fx.Array[fx.Float32, self.SC_FLOATS + WAVES if self.per_token else 4, 16]
+
+            return Wide
+
         @fx.struct
         class Shared:
             stats: fx.Array[fx.Float32, self.MT * 2 * 16 * WAVES, 16]  # [m-tile][max | sum][row][wave]
@@ -677,6 +695,278 @@ def merge_and_write(c, lds, shared, res, rows, v_scale, outputs, seq, kvh, part,
 
 
 # %% [markdown]
+# ## Many M-tiles: P·V split by head_dim
+#
+# Past two M-tiles the output fragments are what the loop cannot give back: `head_dim/4`
+# registers per M-tile in every lane, because each wave accumulates `O` over all of head_dim for
+# its own 64 tokens. Upstream's kernel splits the other way for P·V, and past two M-tiles so do
+# we: wave `w` computes, for every M-tile, only the `CPW` 16-channel d-chunks `CPW·w ..` (the
+# ones it would have kept after the merge), over **all 256 tokens** of the tile. Its `O` is
+# `head_dim/16` registers per M-tile, a quarter. Phase A (scores on K's registers) is unchanged;
+# what the split costs is sharing two things across the waves every tile:
+#
+# 1. **The row max.** P of all four waves' tokens now meets in one accumulator, so all of it
+#    must be exponentiated against one max. Each wave writes its row maxes to a table
+#    `[m-tile][row][wave]`, one barrier, and every wave reads the row's four back: every wave then
+#    carries the *same* running max, and after the loop only the sums are merged. There is no
+#    exchange of `O` at all: each wave already owns its channels.
+# 2. **P.** Lane `(col, grp)` of wave `w` multiplies V's tokens `16·grp ..` of every span, so it
+#    needs exactly the P that lane `(col, grp)` of each wave computed: the same lane index. P goes
+#    through a 4 KB slab `[wave][lane] × 16` bytes: one `ds_write_b128` per lane, four
+#    `ds_read_b128` back, consecutive lanes on consecutive 16 bytes (no bank conflict, no
+#    transposition). One slab serves every M-tile: a barrier after each M-tile's write (its P is
+#    there) and one before the next M-tile's write (every wave has read it).
+#
+# V: wave `w` loads its `CPW` d-chunks of each of the four spans, `4·CPW` = `NCH` dwordx4 per lane,
+# chapter 2's count: the workgroup loads the same V bytes, only who loads which changes (and each
+# lane needs the page ids of all four spans, 3 more 4-byte loads per tile). Per-token scales: the
+# V-scale max becomes the workgroup's, through a 4-entry table read after the same barrier.
+#
+# Phase groups: the scores of the M-tiles of one group stay live across their max barrier, K
+# across all groups. `PHASE_GROUP` (measured in "Registers and occupancy" below): at head_dim 64
+# one M-tile per group fits 3 waves per SIMD; at 128 and 256 four per group keep K live for less.
+# Either way a tile has `2·MT` barriers: one per group for the max, one per M-tile for P, one
+# between M-tiles of a group for the slab.
+
+# %%
+figures.head_dim_split_timeline(m_tiles=4)
+plt.show()
+
+# %% tags=["export"]
+#: M-tiles per phase group of the head_dim split (measured, "Registers and occupancy")
+PHASE_GROUP = {64: 1, 128: 4, 256: 4}
+#: up to this many M-tiles per workgroup the loop stays register-resident (no barrier); past it
+#: P·V is split by head_dim
+WIDE_ABOVE = 2
+
+
+class WidePages(LanePages):
+    """``LanePages`` for the head_dim split: the wave's own span's K (and per-token scales) as
+    before, and the V bytes of its ``CPW`` d-chunks in all four spans, lane ``(col, grp)`` loading
+    in each span the tokens that lane ``(col, grp)`` of the span's wave scores."""
+
+    def __init__(self, *a, cpw, **kw):
+        super().__init__(*a, **kw)
+        self.cpw = cpw
+        self.v_chunk = 16 * (16 if kw["trans_v"] or self.bs == 16 else self.bs)  # bytes between d-chunks
+
+    def v_page_ids(self, tile):
+        """Page ids of the lane's V tokens in each of the tile's four spans (clamped like ``page_id``)."""
+        ids = []
+        for sp in range_constexpr(WAVES):
+            idx = imin(tile * (TILE // self.bs) + sp * self.pps + self.v_j, self.last_page)
+            ids.append(buffer_load(self.bt_rs, (self.bt_row + idx) * 4, 1))
+        return ids
+
+    def own(self, ids):
+        """This wave's own span's page id, of the four (the page of its per-token scales)."""
+        page = ids[0]
+        for sp in range_constexpr(1, WAVES):
+            page = fx.Int32(select(self.wave == sp, ids[sp], page))
+        return page
+
+    def v_spans(self, ids):
+        """The V words ``[span][slot][4]``, flat: slot ``s`` is d-chunk ``CPW·wave + s``."""
+        out = []
+        for sp in range_constexpr(WAVES):
+            voff = self.slab(ids[sp]) + self.v_lane
+            for s in range_constexpr(self.cpw):
+                v = buffer_load(self.v_rs, voff, 4, soffset=(self.cpw * self.wave + s) * self.v_chunk)
+                out.extend([v[k] for k in range_constexpr(4)])
+        return fx.Vector.from_elements(out, dtype=fx.Int32)
+
+
+@device_code
+def wide_v(c, wp, v_ids, t, ctx, grp):
+    """The wave's V words of tile ``t``, bytes of tokens past the context zeroed span by span."""
+    v_all = wp.v_spans(v_ids)
+    if const_expr(c.W > 0):
+        v_all = _zero_tail_spans(c, v_all, t, ctx, grp)
+    else:
+        if t * TILE + TILE > ctx:
+            v_all = _zero_tail_spans(c, v_all, t, ctx, grp)
+    return v_all
+
+
+def _zero_tail_spans(c, v_all, t, ctx, grp):
+    n = c.CPW * 4
+    words = []
+    for sp in range_constexpr(WAVES):
+        part = fx.Vector.from_elements([v_all[sp * n + i] for i in range_constexpr(n)], dtype=fx.Int32)
+        z = zero_tail_v(part, ctx - (t * TILE + sp * SPAN + grp * 16))
+        words.extend([z[i] for i in range_constexpr(n)])
+    return fx.Vector.from_elements(words, dtype=fx.Int32)
+
+# %% [markdown]
+# Phase A for a group of M-tiles: chapter 5's scores, per-token K scales and masks, then the
+# wave's row max to the table instead of straight into the exponentials. Per token, the V scales'
+# wave max goes to its table here too, and after the barrier every lane turns its scale into the
+# weight `v_scale / max_workgroup(v_scale)`.
+
+# %% tags=["export"]
+@device_code
+def wide_scores(c, ms, t, tok, ctx, k_words, shared, stats, lane, col, wave, c_qk, hi1, pt):
+    """M-tiles ``ms``: their masked raw scores (kept for phase B) and this wave's row max of each
+    to the max table ``[m-tile][row][wave]``."""
+    s_all = []
+    for m in ms:
+        fx.rocdl.sched_barrier(0)
+        s = scores(k_words, _staged_q(shared, m, lane, c.NH), c.NH)
+        if const_expr(c.per_token):
+            sc_lds, sc_k, grp = pt
+            for q in range_constexpr(4):
+                k4 = lane_scales(sc_lds, sc_k, grp, q)
+                for i in range_constexpr(4):
+                    s[4 * q + i] = s[4 * q + i] * fx.Float32(k4[i])
+        s = fx.Vector.from_elements(s, dtype=fx.Float32)
+        if const_expr(c.W > 0):
+            s = _mask_scores(s, [hi1[m] - tok], [hi1[m] - c.W - tok], 1)
+        else:
+            if t * TILE + TILE > ctx - c.QL + 1:
+                s = _mask_scores(s, [hi1[m] - tok], None, 1)
+        lds_store(stats, ((m * 16 + col) * WAVES + wave) * 4,
+                  fx.Vector.from_elements([_row_max(s, c_qk[m])], dtype=fx.Float32))
+        s_all.append(s)
+    return s_all
+
+
+@device_code
+def wide_v_max(c, sc_lds, v_sc1, t, wave, lane, ctx):
+    """The lane's V scale (0 for a token no row sees, as in ``stage_scales``); its wave's max to
+    the V-max table."""
+    span0 = t * TILE + wave * SPAN
+    live = lane < ctx - span0
+    if const_expr(c.W > 0):
+        live = live & (lane >= ctx - (c.QL - 1) - c.W - span0)
+    v_sc1 = fx.Float32(select(live, v_sc1, fx.Float32(0.0)))
+    vmax = v_sc1
+    for k in (1, 2, 4, 8, 16, 32):
+        vmax = fmax(vmax, xor_lanes(vmax, k))
+    lds_store(sc_lds, (c.SC_FLOATS + wave) * 4, fx.Vector.from_elements([vmax], dtype=fx.Float32))
+    return v_sc1
+
+
+def wide_v_weight(c, sc_lds, sc_v, v_sc1, lane):
+    """After the max barrier: the workgroup's V-scale max (1 when ~0, as in ``_v_weights``), the
+    lane's weight to its slot; ``(1/vmax, vmax)``."""
+    v4 = lds_load(sc_lds, c.SC_FLOATS * 4, WAVES)
+    vmax = fmax(fmax(fx.Float32(v4[0]), fx.Float32(v4[1])), fmax(fx.Float32(v4[2]), fx.Float32(v4[3])))
+    vmax = fx.Float32(select(vmax > 1e-30, vmax, fx.Float32(1.0)))
+    rv = rcp(vmax)
+    lds_store(sc_lds, sc_v + lane * 4, fx.Vector.from_elements([v_sc1 * rv], dtype=fx.Float32))
+    return rv, vmax
+
+# %% [markdown]
+# Phase B, one M-tile at a time: the workgroup's row max from the table, P of the wave's own
+# tokens into the slab, the barrier, and P·V of the wave's d-chunks over the four spans (V as A,
+# P of span `sp` as B: 8 MFMAs per d-chunk instead of 2).
+
+# %% tags=["export"]
+def wide_pv(c, ms, st, s_all, v_all, stats, pslab, lane, col, wave, c_qk, pt):
+    """M-tiles ``ms``: ``(o, m, l)`` after this tile (``l``: this lane's share of the row sum)."""
+    O0 = 1 + WAVES
+    M0, L0 = O0 + c.MT * c.CPW, O0 + c.MT * c.CPW + c.MT
+    v_weight = rv = vmax = None
+    if const_expr(c.per_token):
+        sc_lds, sc_v, grp, rv, vmax = pt
+        v_weight = functools.partial(lane_scales, sc_lds, sc_v, grp)
+    o_all, m_all, l_all = [], [], []
+    for i, m in enumerate(ms):
+        fx.rocdl.sched_barrier(0)
+        m4 = lds_load(stats, (m * 16 + col) * WAVES * 4, WAVES)
+        mx = fmax(fx.Float32(st[M0 + m]), fmax(fmax(fx.Float32(m4[0]), fx.Float32(m4[1])),
+                                                fmax(fx.Float32(m4[2]), fx.Float32(m4[3]))))
+        p_ops, p_sum = _exp_pack(s_all[i], c_qk[m], mx, c.LOG2_FMAX, v_weight)
+        corr = exp2(fx.Float32(st[M0 + m]) - mx)
+        lds_store(pslab, (wave * WAVE + lane) * 16, fx.Vector.from_elements(p_ops, dtype=fx.Int64).bitcast(fx.Float32))
+        gpu.barrier()  # every wave's P of this M-tile is in the slab
+        ps = [lds_load(pslab, (sp * WAVE + lane) * 16, 4).bitcast(fx.Int64) for sp in range_constexpr(WAVES)]
+        f4 = splat4(corr * rv if const_expr(c.per_token) else corr)
+        for s in range_constexpr(c.CPW):
+            acc = fx.Vector(st[O0 + m * c.CPW + s]) * f4
+            for sp in range_constexpr(WAVES):
+                w = [fx.Int32(v_all[(sp * c.CPW + s) * 4 + k]) for k in range_constexpr(4)]
+                acc = mfma(i64(w[0], w[1]), ps[sp][0], acc)
+                acc = mfma(i64(w[2], w[3]), ps[sp][1], acc)
+            if const_expr(c.per_token):
+                acc = acc * splat4(vmax)
+            o_all.append(acc)
+        if const_expr(i < len(ms) - 1):
+            gpu.barrier()  # every wave has read the slab (a next group's max barrier does this too)
+        m_all.append(mx)
+        l_all.append(fx.Float32(st[L0 + m]) * corr + p_sum)
+    return o_all, m_all, l_all
+
+# %% [markdown]
+# The loop of the head_dim split, and after it the merge: the max is already the workgroup's, so
+# only the row sums cross waves (through the max table, now free), and each wave writes its own
+# d-chunks with chapter 5's `write_rows`.
+
+# %% tags=["export"]
+@device_code
+def wide_loop(c, k, wp, t_start, t_end):
+    """The main loop of the head_dim split (``k``: the kernel's per-workgroup values); returns its
+    final state ``[k page, 4 V pages, O, m, l]``."""
+    MT = c.MT
+    state = [wp.page_id(t_start, wp.k_j)] + wp.v_page_ids(t_start)
+    state += [fx.Vector.filled(4, 0.0, fx.Float32)] * (MT * c.CPW) + [fx.Float32(MASKED)] * MT + [fx.Float32(0.0)] * MT
+    for t, st in range(t_start, t_end, 1, init=state):
+        t = fx.Int32(t)
+        v_ids = [st[1 + sp] for sp in range_constexpr(WAVES)]
+        pt_a = pt_b = None
+        if const_expr(c.per_token):
+            own = wp.own(v_ids)
+            k_sc1, v_sc1 = wp.scale(k.ks_rs, own), wp.scale(k.vs_rs, own)  # the oldest loads
+        k_words = wp.k(st[0])
+        k_next, v_next = wp.page_id(t + 1, wp.k_j), wp.v_page_ids(t + 1)
+        fx.rocdl.sched_barrier(0)
+        tok = t * TILE + k.wave * SPAN + k.grp * 16  # the lane's first token
+        if const_expr(c.per_token):
+            lds_store(k.sc_lds, k.sc_k + k.lane * 4, fx.Vector.from_elements([k_sc1], dtype=fx.Float32))
+            v_sc1 = wide_v_max(c, k.sc_lds, v_sc1, t, k.wave, k.lane, k.ctx)
+            pt_a = (k.sc_lds, k.sc_k, k.grp)
+        o_all, m_all, l_all = [], [], []
+        for g0 in range_constexpr(0, MT, c.MB):
+            ms = list(range(g0, min(g0 + c.MB, MT)))
+            s_all = wide_scores(c, ms, t, tok, k.ctx, k_words, k.shared, k.stats, k.lane, k.col, k.wave, k.c_qk,
+                                k.hi1, pt_a)
+            if const_expr(g0 == 0):
+                fx.rocdl.sched_barrier(0)
+                v_all = wide_v(c, wp, v_ids, t, k.ctx, k.grp)  # V after the first group's scores
+            gpu.barrier()  # every wave's row maxes (and V-scale max) are in the tables
+            if const_expr(g0 == 0 and c.per_token):
+                rv, vmax = wide_v_weight(c, k.sc_lds, k.sc_v, v_sc1, k.lane)
+                pt_b = (k.sc_lds, k.sc_v, k.grp, rv, vmax)
+            o_g, m_g, l_g = wide_pv(c, ms, st, s_all, v_all, k.stats, k.pslab, k.lane, k.col, k.wave, k.c_qk, pt_b)
+            o_all, m_all, l_all = o_all + o_g, m_all + m_g, l_all + l_g
+        res = yield [k_next] + v_next + o_all + m_all + l_all
+    return res
+
+
+def wide_merge_and_write(c, k, res, rows, v_scale, outputs, part, num_kv_heads):
+    """The four waves' row sums, and each wave's d-chunks of every M-tile written."""
+    O0 = 1 + WAVES
+    M0, L0 = O0 + c.MT * c.CPW, O0 + c.MT * c.CPW + c.MT
+    for m in range_constexpr(c.MT):
+        lw = fx.Float32(res[L0 + m])
+        lw = lw + xor_lanes(lw, 16)
+        lw = lw + xor_lanes(lw, 32)
+        lds_store(k.stats, ((m * 16 + k.col) * WAVES + k.wave) * 4, fx.Vector.from_elements([lw], dtype=fx.Float32))
+    gpu.barrier()
+    o_rs, mx_rs, sm_rs = (rsrc(outputs[0]), None, None) if const_expr(c.NP == 1) else tuple(rsrc(t) for t in outputs)
+    for m in range_constexpr(c.MT):
+        l4 = lds_load(k.stats, (m * 16 + k.col) * WAVES * 4, WAVES)
+        total = (fx.Float32(l4[0]) + fx.Float32(l4[1])) + (fx.Float32(l4[2]) + fx.Float32(l4[3]))
+        f = rcp(total)
+        if const_expr(v_scale is not None):
+            f = f * v_scale
+        if const_expr(c.NP > 1):
+            f = fx.Float32(select(total > 0.0, f, fx.Float32(0.0)))  # empty partition row: 0, not 0·inf
+        o = [fx.Vector(res[O0 + m * c.CPW + s]) * splat4(f) for s in range_constexpr(c.CPW)]
+        write_rows(c, o, fx.Float32(res[M0 + m]), total, rows[m], k.seq, k.kvh, part, k.wave, k.grp, num_kv_heads,
+                   o_rs, mx_rs, sm_rs)
+
+# %% [markdown]
 # **The kernel**, put together: the query staged, the main loop (loads for the tile, phase A,
 # phase B, the next tile's page ids carried in the loop state), then the merge of the four waves
 # one M-tile at a time and the output.
@@ -719,6 +1009,18 @@ def make_kernel(c):
             sc_lds = fx.recast_iter(fx.Uint8, lds.scales.ptr)
             sc_k = wave * (2 * WAVE * 4)  # this wave's 64 K scales, then its 64 V weights
             sc_v = sc_k + WAVE * 4
+        if const_expr(c.WIDE):  # past two M-tiles: P·V split by head_dim ("Many M-tiles")
+            k = types.SimpleNamespace(
+                shared=shared, stats=fx.recast_iter(fx.Uint8, lds.stats.ptr), pslab=fx.recast_iter(fx.Uint8, lds.pslab.ptr),
+                lane=lane, col=col, wave=wave, grp=grp, seq=seq, kvh=kvh, ctx=ctx, c_qk=c_qk, hi1=hi1)
+            if const_expr(c.per_token):
+                k.ks_rs, k.vs_rs, k.sc_lds, k.sc_k, k.sc_v = ks_rs, vs_rs, sc_lds, sc_k, sc_v
+            wp = WidePages(bt_rs, k_rs, v_rs, seq * max_blocks, last_page, kvh, num_kv_heads, wave, lane, col, grp,
+                           block_size=c.BS, head_dim=c.HD, trans_v=c.trans_v, cpw=c.CPW)
+            res = wide_loop(c, k, wp, t_start, t_end)
+            outputs = (out,) if const_expr(c.NP == 1) else (pout, pmax, psum)
+            wide_merge_and_write(c, k, res, rows, v_scale, outputs, part, num_kv_heads)
+            return
 
         zero4 = fx.Vector.filled(4, 0.0, fx.Float32)
         state = [pages.page_id(t_start, pages.k_j), pages.page_id(t_start, pages.v_j)]
@@ -853,7 +1155,8 @@ def paged_decode(query, key_cache, value_cache, block_tables, context_lengths, k
     max_blocks] int32; ``context_lengths`` [num_seqs] int32 (query_length .. max_blocks·block_size);
     float32 scales (> 0), both [1] or both [num_blocks, num_kv_heads, block_size]; ``query_length``
     defaults to rows / num_seqs; ``sliding_window`` as in ``pa_tile.reference`` (0: none);
-    ``m_tiles`` caps the 16-row M-tiles per workgroup (default 1; >1 runs the phase split).
+    ``m_tiles`` caps the 16-row M-tiles per workgroup (default: all of them, so K and V are read
+    once; past two, P·V is split by head_dim).
     Validation: ``pa_tile.problem``.
     """
     launcher, args, arch = launch_args(query, key_cache, value_cache, block_tables, context_lengths, key_scale,

@@ -642,3 +642,56 @@ def stage_predictions(labels: Sequence[str], series: Mapping[str, Sequence[float
                 va="top")
     fig.tight_layout()
     return fig
+
+
+def head_dim_split_timeline(m_tiles: int = 4, group: int = 4):
+    """One tile of chapter 5's loop past two M-tiles, all four waves: phase A (K loads, each
+    M-tile's scores and row max to the max table), V loads, the max barrier, then M-tile by M-tile
+    the exponentials against the workgroup's max with P to the slab, a barrier, P·V of the wave's
+    own d-chunks over all four spans, and (between M-tiles of a phase group) the barrier that
+    frees the slab. ``group``: M-tiles per phase group (``PHASE_GROUP``)."""
+    plt = _plt()
+    kinds = {"load": ("K loads, page ids", OKABE_ITO[7], 1.0), "score": ("scores, row max → LDS", OKABE_ITO[4], 1.0),
+             "vload": ("V loads: own d-chunks, 4 spans", "#999999", 1.0),
+             "soft": ("exp against the shared max, P → LDS", OKABE_ITO[1], 0.9),
+             "pv": ("P·V: own d-chunks, 256 tokens", OKABE_ITO[0], 1.1)}
+    fig, ax = plt.subplots(figsize=(WIDTH, 3.4))
+    phases, cur = [], [("load", "")]  # runs of work between two workgroup barriers
+    for g0 in range(0, m_tiles, group):
+        ms = range(g0, min(g0 + group, m_tiles))
+        cur += [("score", f"m{m}") for m in ms] + ([("vload", "")] if g0 == 0 else [])
+        phases.append(cur)
+        for i, m in enumerate(ms):
+            phases.append([("soft", f"m{m}")])
+            cur = [("pv", f"m{m}")]
+            if i < len(ms) - 1:
+                phases.append(cur)
+                cur = []
+    phases.append(cur)
+    x0 = 0.0
+    for k, phase in enumerate(phases):
+        ends = []
+        for w in range(4):
+            x = x0
+            for kind, label in phase:
+                name, color, width = kinds[kind]
+                width += 0.07 * ((w * 3 + k) % 4)  # waves drift apart between barriers
+                ax.barh(3 - w, width, left=x, height=0.6, color=color, edgecolor="white")
+                if label:
+                    ax.text(x + width / 2, 3 - w, label, ha="center", va="center", fontsize=FONT,
+                            color="white" if kind in ("load", "score") else "black")
+                x += width
+            ends.append(x)
+        x0 = max(ends) + 0.15  # everyone waits for the slowest wave
+        if k < len(phases) - 1:
+            ax.plot([x0 - 0.075] * 2, [-0.45, 3.45], "-", color=OKABE_ITO[5], lw=2)
+    ax.set_yticks(range(4), [f"wave {w}" for w in (3, 2, 1, 0)])
+    ax.set_xticks([])
+    handles = _patches([v[0] for v in kinds.values()], [v[1] for v in kinds.values()])
+    handles += [plt.Line2D([], [], ls="-", color=OKABE_ITO[5], lw=2, label="s_barrier (whole workgroup)")]
+    ax.legend(handles=handles, fontsize=FONT, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.08))
+    _style(ax, f"One tile past two M-tiles: P·V split by head_dim ({m_tiles} M-tiles, {group} per phase group)",
+           None, None)
+    ax.set_xlabel("issue order (schematic, not to scale) →", fontsize=FONT)
+    fig.tight_layout()
+    return fig

@@ -56,13 +56,19 @@ def _check(out, ref):
 # (block, head_dim, group, query_length, scales, query dtype, trans-blocked V, sliding window, m_tiles)
 MATRIX = [
     (16, 128, 8, 1, "per-tensor", torch.float16, True, 0, None),
-    (64, 64, 16, 4, "per-tensor", torch.bfloat16, True, 0, None),
+    (64, 64, 16, 4, "per-tensor", torch.bfloat16, True, 0, None),  # 64 rows: P·V split by head_dim
     (16, 64, 32, 3, "per-token", torch.float16, False, 0, 2),  # 96 rows: 3 workgroups of 2 M-tiles
     (64, 128, 8, 4, "per-token", torch.bfloat16, True, 0, 2),  # 32 rows: both M-tiles in one phase split
     (16, 128, 5, 2, "per-tensor", torch.float16, True, 100, None),  # odd group, window
     (64, 64, 16, 2, "per-token", torch.float16, False, 37, 4),  # window, 4-wide phase split (2 real)
     (16, 256, 8, 2, "per-token", torch.bfloat16, True, 0, None),  # head_dim 256 (beyond upstream)
     (64, 256, 4, 1, "per-tensor", torch.float16, False, 50, None),
+    # past two M-tiles, P·V split by head_dim: 4 M-tiles in one phase group; 6 one at a time
+    # (head_dim 64) with a window and plain V; 8 in two groups; head_dim 256
+    (16, 128, 16, 4, "per-token", torch.bfloat16, True, 0, None),
+    (64, 64, 32, 3, "per-tensor", torch.float16, False, 100, None),
+    (16, 128, 32, 4, "per-tensor", torch.float16, True, 0, None),
+    (64, 256, 16, 3, "per-tensor", torch.bfloat16, True, 0, None),
 ]
 
 
@@ -231,11 +237,12 @@ def _partials_reference(case, num_partitions, window=0):
     return pmax, psum, pout
 
 
+@pytest.mark.parametrize("ql,g", [(2, 8), (4, 16)], ids=["1-m-tile", "4-m-tiles-split-by-head-dim"])
 @pytest.mark.parametrize("arch", ARCHS)
-def test_partitions_write_partial_softmax_stats(arch, device):
+def test_partitions_write_partial_softmax_stats(arch, ql, g, device):
     """num_partitions=4 over contexts of 1 (three partitions get no tile), 300 (two get none) and
     1027 (five tiles: 2 + 2 + 1 + none), with MTP and a window that empties whole partitions."""
-    ql, g, window, P = 2, 8, 700, 4
+    window, P = 700, 4
     case = _case(arch, 16, 64, g, ql, [1, 300, 1027], "per-token", seed=11)
     pmax, psum, pout = (x.cpu() for x in s5.paged_decode_partials(
         *_args(case, device=device), num_partitions=P, sliding_window=window, arch=arch))
@@ -372,7 +379,7 @@ def test_resources_match_or_beat_upstream(key):
 # head_dim 256 also has upstream figures (in UPSTREAM); besides those, from the chapter's table:
 # one M-tile per workgroup needs 176..190 registers (2 waves per SIMD), no spill; a regression past
 # 256 would halve occupancy again, and scratch would be a silent slowdown.
-HD256 = [("gfx942", 16, 1, 8, True), ("gfx950", 64, 4, 16, False)]
+HD256 = [("gfx942", 16, 1, 8, True), ("gfx950", 64, 1, 16, False)]
 
 
 @pytest.mark.parametrize("key", HD256, ids=lambda k: "{}-bs{}-ql{}-g{}-{}".format(*k[:4], "tok" if k[4] else "ten"))
