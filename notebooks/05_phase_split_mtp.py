@@ -255,9 +255,10 @@ for masked_value in (-1e30, float("-inf")):
 # registers; that M-tile's softmax (and the other waves) cover its latency. In upstream's
 # kernel, where the four waves share one row max through LDS, the phase split turns one barrier
 # per M-tile into one barrier per tile. Here the row max is wave-local (15 in-lane `v_max` and
-# two butterfly steps; the lane owns its row), so the loop has **no barrier at all** for any
-# number of M-tiles. `sched_barrier`s keep the M-tiles apart: interleaved by the scheduler, their
-# temporaries would add up.
+# two butterfly steps; the lane owns its row), so for up to two M-tiles the loop has **no
+# barrier at all** (past two, "Many M-tiles" below trades barriers for registers).
+# `sched_barrier`s keep the M-tiles apart: interleaved by the scheduler, their temporaries would
+# add up.
 #
 # Because P·V is `V·P` (V as A, P as B), the output fragment is `[head-dim, query-row]`: the
 # row is the lane's column, so the correction `exp2(m_old − m_new)` and the denominator are
@@ -1270,8 +1271,10 @@ print(format_table(short))
 # ## Registers and occupancy against M-tiles per workgroup
 #
 # Measured on the compiled code (gfx942, block 16, bf16, trans-blocked V, query_length 4, group 16 =
-# 4 M-tiles): `m_tiles = 1` runs 4 workgroups per KV head with one M-tile each, `2` (the default)
-# runs 2 of 2, `4` one workgroup of 4.
+# 4 M-tiles): `m_tiles = 1` runs 4 workgroups per KV head with one M-tile each, `2` runs 2 of 2
+# (this chapter's earlier default), and 4 in one workgroup (the default) splits P·V by head_dim.
+# For the comparison the last row also compiles four M-tiles in the register-resident loop
+# (`WIDE_ABOVE` raised for that one build): the design the split replaces.
 
 # %%
 def compiled(arch, bs, hd, g, ql, scales="per-tensor", m_tiles=None, stage=5):
@@ -1282,25 +1285,38 @@ def compiled(arch, bs, hd, g, ql, scales="per-tensor", m_tiles=None, stage=5):
     return isa.IsaStats.from_asm(toolchain.compile_isa(launcher, *args, arch=arch))
 
 
+def register_resident(hd, m_tiles=4):
+    """Four M-tiles in the register-resident loop, for comparison (not a default)."""
+    global WIDE_ABOVE
+    WIDE_ABOVE = 8
+    build_launcher.cache_clear()
+    try:
+        return compiled("gfx942", 16, hd, 16, 4, m_tiles=m_tiles)
+    finally:
+        WIDE_ABOVE = 2
+        build_launcher.cache_clear()
+
+
 reg_rows = []
-for hd in (64, 128):
-    for mt in (1, 2, 4):
-        st = compiled("gfx942", 16, hd, 16, 4, m_tiles=mt)
-        occ = isa.occupancy(st, "gfx942")
-        reg_rows.append(dict(head_dim=hd, m_tiles_per_wg=mt, workgroups_per_kv_head=plan(hd, 16, 4, mt)[3],
-                             vgpr=st.vgpr_unified, spills=st.vgpr_spill, scratch=st.scratch_bytes,
-                             waves_per_simd=occ.waves_per_simd, lds=st.lds_bytes,
+for hd in (64, 128, 256):
+    for mt, label in ((1, "1 per workgroup"), (2, "2 per workgroup"), (4, "4, register-resident"),
+                      (None, "4, P·V split by head_dim (default)")):
+        st = register_resident(hd) if mt == 4 else compiled("gfx942", 16, hd, 16, 4, m_tiles=mt)
+        reg_rows.append(dict(head_dim=hd, m_tiles=label, workgroups_per_kv_head=plan(hd, 16, 4, mt)[3],
+                             vgpr=st.vgpr_unified, scratch=st.scratch_bytes,
+                             waves_per_simd=isa.occupancy(st, "gfx942").waves_per_simd, lds=st.lds_bytes,
                              loop_mfma=st.main_loop.families.get("mfma", 0),
                              loop_barriers=st.main_loop.families.get("barrier", 0)))
 print(format_table(reg_rows))
 
 # %% [markdown]
-# Each extra M-tile a workgroup carries costs ~36–58 registers (head_dim 64/128): its output
-# fragment, packed P and stats, and the scheduler's room around them. Two M-tiles keep 4 waves per
-# SIMD at head_dim 64 and 3 at 128; four at head_dim 128 need ~270 (LLVM moves values into AGPRs
-# past 256: no spill, but one wave per SIMD), which is why the default stops at two. (The first
-# version of this chapter, with every M-tile's Q and scores live through the tile, needed 196
-# and 317 for two and four.) The loop has no barrier for any M-tile count.
+# In the register-resident loop each extra M-tile costs ~36–58 registers (head_dim 64/128): its
+# output fragment, packed P and stats; four at head_dim 128 need ~270, one wave per SIMD, which is
+# why it used to stop at two and give the other M-tiles more workgroups. Split by head_dim, four
+# M-tiles take ~210 registers at head_dim 128 (2 waves per SIMD, upstream: 246 / 2) and ~165 at
+# 64 (3 waves, upstream: 171 / 2), with K and V read once; the price is 8 barriers per tile and
+# 4 KB of LDS for the P slab. `PHASE_GROUP` is what this table chose: one M-tile per phase group
+# at head_dim 64 was the step from 2 waves per SIMD to 3 (measured: ~175 registers with four).
 #
 # ## Against the upstream tile kernel
 #
@@ -1328,11 +1344,11 @@ print(sum(r["meets"] == "yes" for r in up_rows), "of", len(up_rows), "meet or be
 assert all(r["meets"] == "yes" and r["spill"] == 0 for r in up_rows)
 
 # %% [markdown]
-# Registers, occupancy and LDS meet or beat upstream in all 48 configurations (all 96 with gfx950). With four
-# M-tiles (`query_length` 4, group 16) the comparison is not like for like: upstream keeps all
-# four in one workgroup, this kernel two (see "Memory traffic" below for what that costs). With
-# one M-tile it is close, and the first version of this chapter was **short on 19 of the 64
-# configurations**. How it got under the budget is the next section.
+# Registers, occupancy and LDS meet or beat upstream in all 48 configurations (all 96 with gfx950),
+# like for like: with four M-tiles (`query_length` 4, group 16) both keep all four in one
+# workgroup and read K and V once. With one M-tile it is close, and the first version of this
+# chapter was **short on 19 of the 64 configurations**. How it got under the budget is the next
+# section.
 #
 # ## Fitting upstream's register budget
 #
@@ -1402,8 +1418,9 @@ assert all(r["meets"] == "yes" and r["spill"] == 0 for r in up_rows)
 # Upstream's tile kernel compiles head_dim 256 too (its figures are in the table above); nothing in
 # this one is specific to 128 either. A K row is
 # `head_dim/64` pairs of 16-channel chunks per lane (4 at 256), V `head_dim/16` d-chunks (16), and
-# after the merge each wave stores `head_dim/64` chunks of 16 channels. What it costs, with one
-# M-tile per workgroup (block 16 and 64, gfx942, bf16 query):
+# after the merge each wave stores `head_dim/64` chunks of 16 channels. What it costs with the
+# default plan (block 16 and 64, gfx942, bf16 query; `query_length` 4 × group 16 is four M-tiles,
+# split by head_dim):
 
 # %%
 hd_rows = []
@@ -1422,11 +1439,12 @@ print(format_table(hd_rows))
 
 # %% [markdown]
 # Every per-lane array that scales with head_dim doubles: `O` 32 → 64, K and V 32 → 64 (one at a
-# time), so the peak grows by about 70 registers to 176–190: **2 waves per SIMD instead of 4**, no
-# spill, and 5–7 KB of LDS (the merge's exchange rounds are sized to the staged query, 4 KB).
-# Three waves would need ≤ 168: the next step would be to load K (and V) in two halves of head_dim
-# per tile, or to split `O` across the waves as upstream does. The emulator check against the reference is in the
-# correctness table above and in `tests/test_stage5.py`.
+# time), so one M-tile's peak grows by about 70 registers to 176–190: **2 waves per SIMD instead of
+# 4**, no spill, and 5–7 KB of LDS (the merge's exchange rounds are sized to the staged query,
+# 4 KB). Three waves would need ≤ 168: the next step would be to load K (and V) in two halves of
+# head_dim per tile. Four M-tiles split by head_dim need ~275: one wave per SIMD, as upstream
+# (388 registers), with K and V read once instead of four times. The emulator check against the
+# reference is in the correctness table above and in `tests/test_stage5.py`.
 #
 # ## What it compiles to, against chapter 2
 #
@@ -1487,21 +1505,22 @@ else:
 # Over a whole call, what the phase split buys is bytes. One sequence of 1027 tokens, head_dim 128,
 # block 16, per tensor, gfx942: bytes loaded (each wave instruction's distinct bytes, summed)
 # against the compulsory bytes (K/V of the context rounded up to 256-token tiles once, the query,
-# one page id per page), with one M-tile per workgroup (this chapter's first default) and with
-# the default plan. Below 1: the kernel stops at the last page, the compulsory count at the tile.
+# one page id per page), with one M-tile per workgroup, with two (this chapter's earlier
+# default), and with the default plan (every M-tile in one workgroup; past two, P·V split by
+# head_dim). Below 1: the kernel stops at the last page, the compulsory count at the tile.
 
 # %% tags=["nbval-ignore-output"]
 from pa_tile.perf import tracing  # noqa: E402
 from pa_tile.perf.roofline import DecodeShape  # noqa: E402
 
-SHAPES = [(1, 8), (1, 32), (2, 16), (4, 8), (4, 16)]  # (query_length, group)
+SHAPES = [(1, 8), (1, 32), (2, 16), (3, 16), (4, 16), (4, 32)]  # (query_length, group)
 if backend.current_backend() == "emu":
-    ratios = {"one M-tile per workgroup": [], "default plan (phase split)": []}
+    ratios = {"one M-tile per workgroup": [], "two per workgroup (earlier default)": [], "default plan": []}
     for ql, g in tqdm(SHAPES, desc="trace"):
         case = make("gfx942", 16, 128, g, ql, contexts=[1027], qdt=torch.bfloat16)
         shape = DecodeShape(batch=1, context=1027, num_q_heads=g, num_kv_heads=1, head_dim=128, block_size=16,
                             query_length=ql)
-        for name, mt in zip(ratios, (1, None)):
+        for name, mt in zip(ratios, (1, 2, None)):
             trace = Trace("gfx942")
             with emu_launch.launch_options(trace=trace):
                 paged_decode(*inputs(case), m_tiles=mt, arch="gfx942")
@@ -1514,18 +1533,17 @@ else:
 
 # %% [markdown]
 # With one M-tile per workgroup every extra 16 query rows cost a full re-read of the KV head's K
-# and V: 2x at two M-tiles, 4x at four. The default plan reads them once for up to two M-tiles
-# (32 query rows: MTP 2 at group 16, MTP 4 at group 8, group 32). Four M-tiles still take two
-# workgroups, each reading K and V once: 2x, the price of the register budget above (a third
-# and fourth output fragment would cost upstream's occupancy). Loading every byte once for
-# more than 32 rows needs a different split of the work, upstream's head_dim split of P·V or
-# K/V shared through LDS; `tests/test_traffic.py` pins these figures.
+# and V: 2x at two M-tiles, 4x at four, 8x at eight. Two per workgroup halve that. The default
+# plan reads every byte once for any row count up to 128 (MTP 4 at group 32): up to two M-tiles in
+# the register-resident loop, past two with P·V split by head_dim. `tests/test_traffic.py` pins
+# these figures on the upstream test grid's shape (3 sequences of 1027 tokens, `query_length` 1–4,
+# group 8–32, both scale kinds and arches).
 #
 # ## What is left for chapter 6
 #
 # * `num_partitions > 1` already writes partial results (`paged_decode_partials`, tested against a
 #   torch computation of the partial softmax statistics); chapter 6 adds the reduce kernel and
 #   the partition heuristic.
-# * Every upstream register, occupancy and LDS target is met here; head_dim 256 runs at 2 waves
-#   per SIMD (see above for what 3 would take); more than two M-tiles still read K and V once per
-#   two (see "Memory traffic").
+# * Every upstream register, occupancy and LDS target is met here, and K and V are read once for
+#   every row count; head_dim 256 runs at 2 waves per SIMD with one M-tile (see above for what 3
+#   would take).
