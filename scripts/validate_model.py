@@ -77,7 +77,7 @@ def _install_worker_patches(seed_root: Path):
 
     torch.cuda.get_device_properties = lambda *a, **k: types.SimpleNamespace(
         multi_processor_count=int(os.environ.get("PM_FAKE_CUS", "304")), gcnArchName="gfx942",
-        name="AMD Instinct MI300X")
+        name="AMD Instinct " + os.environ.get("PM_FAKE_NAME", "MI300X"))
 
     # early versions ask aiter for the CU count (falling back to 304 without it): answer the same way
     for name in ("aiter", "aiter.jit", "aiter.jit.utils", "aiter.jit.utils.chip_info"):
@@ -303,7 +303,8 @@ def _prepare(gitdir: Path, work: Path, sha: str) -> None:
 
 
 def _run_worker(gitdir: Path, work: Path, sha: str, shapes, log, fallback=None) -> dict:
-    res = work / f"{sha}.json"
+    hwc = _gpu()
+    res = work / f"{sha}.cus{hwc.compute_units}.json"  # the host heuristics split by the CU count
     if res.exists():
         return json.loads(res.read_text())
     _prepare(gitdir, work, sha)
@@ -313,7 +314,8 @@ def _run_worker(gitdir: Path, work: Path, sha: str, shapes, log, fallback=None) 
     for label, path in [("flydsl 0.5.0", None)] + ([("fallback flydsl at " + str(fallback), fallback)] if fallback else []):
         t = time.time()
         pp = str(ROOT) if path is None else f"{path}{os.pathsep}{ROOT}"
-        p = subprocess.run(cmd, cwd=str(ROOT), env=dict(os.environ, PYTHONPATH=pp), capture_output=True, text=True)
+        env = dict(os.environ, PYTHONPATH=pp, PM_FAKE_CUS=str(hwc.compute_units), PM_FAKE_NAME=hwc.name)
+        p = subprocess.run(cmd, cwd=str(ROOT), env=env, capture_output=True, text=True)
         if p.returncode == 0 and res.exists():
             out = json.loads(res.read_text())
             out["flydsl"] = label
@@ -325,6 +327,17 @@ def _run_worker(gitdir: Path, work: Path, sha: str, shapes, log, fallback=None) 
         errors.append(f"{label}: {last}")
         log(f"  {sha[:8]}: {label}: FAILED ({time.time() - t:.0f} s): {last}")
     return dict(sha=sha, error="; ".join(errors))
+
+
+#: the GPU the quoted times were measured on (``--gpu``): its CU count is what the seed versions'
+#: host code reads to choose the partition count (grid.z), and the model predicts on it
+GPU = "mi308x"
+
+
+def _gpu():
+    from pa_tile.perf import hw as hwm
+
+    return hwm.hardware(GPU)
 
 
 _CODE_CACHE: dict = {}
@@ -348,7 +361,7 @@ def _predict_point(vres: dict, shape: dict, overrides: dict) -> dict:
     from pa_tile.perf import model
     from pa_tile.perf.roofline import DecodeShape
 
-    hwc = hwm.with_fitted(hwm.hardware("mi300x"), overrides)
+    hwc = hwm.with_fitted(_gpu(), overrides)
     rec = next(r for r in vres["shapes"] if r["shape"] == shape)
     main_l = rec["launches"][0]
     red_l = rec["launches"][1] if len(rec["launches"]) > 1 else None
@@ -423,6 +436,9 @@ def main(argv=None) -> int:
                     "(pip install --target DIR flydsl==0.4.2) to retry versions 0.5.0 cannot build")
     ap.add_argument("--loaded-latency", choices=("rewalk", "count"), default="count",
                     help="how the model applies the loaded latency (pa_tile.perf.model.LOADED_LATENCY)")
+    ap.add_argument("--gpu", default="mi308x", choices=("mi308x", "mi300x"),
+                    help="the device of the quoted times (default mi308x, 80 CUs: see the report's 'Device' "
+                         "section); the seed host code picks its partition count from this CU count")
     ap.add_argument("--only", help="comma-separated sha prefixes: validate only these versions")
     # worker mode (internal)
     ap.add_argument("--worker", help=argparse.SUPPRESS)
@@ -435,6 +451,8 @@ def main(argv=None) -> int:
         ap.error("--flydsl PATH is required")
     from pa_tile.perf import model as _model
 
+    global GPU
+    GPU = args.gpu
     _model.LOADED_LATENCY = args.loaded_latency
     gitdir = Path(args.flydsl)
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="pa_tile_seeds_"))

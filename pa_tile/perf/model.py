@@ -52,7 +52,7 @@ import re
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from . import hw as _hw
-from .roofline import DecodeShape, time_floor, traffic
+from .roofline import GPUS, DecodeShape, GpuSpec, time_floor, traffic
 
 __all__ = [
     "WaveProfile",
@@ -694,6 +694,17 @@ class Prediction:
         return dataclasses.asdict(self)
 
 
+def _floor_spec(hwc: _hw.Hardware):
+    """The roofline's spec of this GPU; a part roofline does not list (MI308X) gets one from
+    ``hw`` (its peak HBM bandwidth, CUs, clock; fp8 rate per CU from ``mfma_cycles``)."""
+    for k, spec in GPUS.items():
+        if k.lower() == hwc.name.lower():
+            return spec
+    per_cu = 4 * 2 * 16 * 16 * 32 // hwc.mfma_cycles  # 4 SIMDs x one 16x16x32 fp8 MFMA per mfma_cycles
+    return GpuSpec(hwc.name, hwc.arch, hwc.hbm_bytes_per_s, hwc.compute_units, int(hwc.clock_hz / 1e6), per_cu,
+                   "pa_tile.perf.hw (see its sources)")
+
+
 def _grid_per_cu(wgs: int, hwc: _hw.Hardware) -> int:
     per_xcd = -(-wgs // hwc.xcds)
     return -(-per_xcd // hwc.cus_per_xcd)
@@ -812,7 +823,7 @@ def predict(*, shape: DecodeShape, hw, per_tile: Dict[str, float], fixed: Dict[s
         t_reduce = launch + max(r_cu, r_mem)
         terms["reduce"] = t_reduce * 1e6
     total = launch + t_main + t_reduce
-    floor = time_floor(shape, hwc.name).time_us
+    floor = time_floor(shape, _floor_spec(hwc)).time_us
     pred_us = total * 1e6
     clamped = pred_us < floor
     pred_us = max(pred_us, floor)
