@@ -29,7 +29,8 @@ workgroup does one tile) takes::
 
 A workgroup of ``T`` tiles takes ``T * round + F`` (``F``: its walked prologue+epilogue). The
 grid (batch x KV heads x M-groups x partitions) is dealt round-robin over the XCDs, then over each
-XCD's CUs; the busiest CU runs ``ceil(n / R_max)`` generations of at most ``R_max`` workgroups.
+XCD's CUs; the busiest CU runs ``ceil(n / R_max)`` generations of at most ``R_max`` workgroups,
+the last (tail) one with only the remainder resident, its rounds timed with that many.
 Memory: HBM bytes (K/V of every page touched, scales, query, output, block tables; split-K
 partials written and read back at Infinity Cache bandwidth, they fit in its 256 MB) over
 ``hbm_efficiency x peak``; bytes *requested* beyond the unique ones (M-groups re-reading K/V)
@@ -521,6 +522,13 @@ def _accepts(fn, name: str) -> bool:
 #: bytes of an L2 cache line on CDNA3/CDNA4 ([CDNA3-WP]: 128-byte lines); the vector-memory
 #: addresser is charged per distinct line a wave instruction touches (``line_trace``)
 LINE = 128
+#: [ROCPROF] the vL1D/texture addresser takes one 64-byte request per clock per CU: a wave's
+#: lanes are taken in order, 64 bytes of request (4 lanes of a dwordx4, 16 of a dword) per clock.
+#: ASSUMED from that (the docs give the rate, not this form): each such clock's group of lanes
+#: costs one clock per distinct 128-byte line it touches, so a layout whose consecutive lanes
+#: stride a line apart (a token-major K/V read by MFMA lane roles) pays even when the whole wave
+#: touches few lines (``trace.ta_cycles``; ``vmem_segments`` prefers it to the per-wave lines).
+TA_BYTES_PER_CLK = 64
 
 
 def line_trace(arch: str):
@@ -543,6 +551,7 @@ def line_trace(arch: str):
         def __init__(self, arch):
             super().__init__(arch)
             self.lines = 0
+            self.ta_cycles = 0
             self.vector_accesses = 0
             self.bases = np.zeros(0, dtype=np.uint64)
 
@@ -564,6 +573,12 @@ def line_trace(arch: str):
             first = tag + off // line_
             last = tag + (off + np.uint64(max(1, nbytes) - 1)) // line_
             self.lines += int(np.unique(np.concatenate([first, last])).size)
+            # the addresser takes TA_BYTES_PER_CLK of the request per clock, lanes in order: each
+            # clock's group of lanes costs one clock per distinct line it touches (at least one)
+            lanes = np.nonzero(m)[0].astype(np.uint64)
+            group = lanes // np.uint64(max(1, TA_BYTES_PER_CLK // max(1, nbytes)))
+            keys = np.concatenate([(group << np.uint64(52)) | first, (group << np.uint64(52)) | last])
+            self.ta_cycles += int(np.unique(keys).size)
             self.vector_accesses += 1
 
     return LineTrace(arch)
@@ -606,7 +621,8 @@ def _emulate(ad, shape: DecodeShape, arch: str, context: int, partitions: Option
         f = _family(mn)
         fam[f] = fam.get(f, 0) + c
     kv = dict(bytes=0.0, segments=0.0)
-    other = dict(bytes=0.0, segments=0.0, store_bytes=0.0, lines=float(trace.lines))
+    other = dict(bytes=0.0, segments=0.0, store_bytes=0.0, lines=float(trace.lines),
+                 ta_cycles=float(getattr(trace, "ta_cycles", 0)))
     lds = dict(bytes=0.0, conflict_cycles=0.0)
     for r in trace.summary():
         if r["space"] in ("global", "buffer"):
@@ -787,11 +803,17 @@ def predict(*, shape: DecodeShape, hw, per_tile: Dict[str, float], fixed: Dict[s
             return _interp(curve, lat, 1) * scale if lp is not None and lp.instructions else 0.0, _interp(curve, lat, 2)
         return L_tile + extra * k_loop, F0 + extra * k_fixed
 
+    # the busiest CU's generations: full ones of r_max resident workgroups, then the tail wave
+    # with the rest (fewer workgroups share the CU's issue slots, LDS and addresser)
+    gen_sizes = [r_max] * (per_cu // r_max) + ([per_cu % r_max] if per_cu % r_max else [])
+
     def evaluate(u):
         lt, fx = loaded(u)
         cand = dict(latency=lt, issue=R * simd_busy, lds=R * lds_cu, vmem_addresser=R * ta_cu)
         rc = max(cand.values())
-        t_cu_ = generations * (T * rc + fx) / clk
+        t_cu_ = 0.0
+        for r in gen_sizes:
+            t_cu_ += (T * max(lt, r * simd_busy, r * lds_cu, r * ta_cu) + fx) / clk
         return cand, rc, t_cu_, max(t_cu_, t_mem)
 
     u_lo, u_hi = 0.0, U_MAX
@@ -872,11 +894,14 @@ def predict_stage(stage: str, shape: DecodeShape, gpu: str = "mi300x", *, sample
 
 def vmem_segments(per_tile: Dict[str, float]) -> float:
     """Addresser cost of an average vector memory instruction in a sample's tile, in 64-byte
-    segment-clocks: 2 per distinct 128-byte line touched (``line_trace``), else the 64-byte
-    segments the trace counts, else 16 (a coalesced wave64 dwordx4)."""
+    segment-clocks: the clocks ``line_trace`` counts per lane group (``TA_BYTES_PER_CLK``), else 2
+    per distinct 128-byte line touched, else the 64-byte segments the trace counts, else 16 (a
+    coalesced wave64 dwordx4; every form gives 16 for it)."""
     n = per_tile.get("global", 0.0) + per_tile.get("buffer", 0.0)
     if not n:
         return 16.0
+    if per_tile.get("other_ta_cycles"):
+        return per_tile["other_ta_cycles"] / n
     if per_tile.get("other_lines"):
         return 2.0 * per_tile["other_lines"] / n
     return per_tile["other_segments"] / n if per_tile.get("other_segments") else 16.0
