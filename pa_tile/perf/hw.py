@@ -75,8 +75,8 @@ class Hardware:
     trans_cycles: int = 16                # [CDNA3-ISA] quarter-rate transcendentals
     issue_interval: int = 4               # [ROCPROF] one instruction per wave per 4-cycle SIMD visit
     # -- FITTED (see FITTED, PRIORS and pa_tile/data/model_validation.md) -------------------------
-    hbm_efficiency: float = 0.45          # FITTED: achievable / peak HBM bandwidth for these kernels' reads
-    mem_latency_cycles: float = 4800.0    # FITTED: unloaded load-to-use latency of a K/V global load
+    hbm_efficiency: float = 0.55          # FITTED: achievable / peak HBM bandwidth for these kernels' reads
+    mem_latency_cycles: float = 6400.0    # FITTED: unloaded load-to-use latency of a K/V global load
     #: ASSUMED (not fitted): load-to-use latency of data resident in L2 / Infinity Cache (the
     #: split-K partials the reduce kernel re-reads); [SC25-MALL] places L2 and MALL hits well
     #: below HBM; 500 cycles (~240 ns at 2.1 GHz) is our round figure between them.
@@ -114,9 +114,11 @@ FITTED = ("hbm_efficiency", "mem_latency_cycles", "launch_us")
 #: reads reach on MI300X-class parts; ~1200 cycles (~570 ns) is our round figure for an HBM miss
 #: below the SC25-MALL ordering; ~2 us between two graph-replayed kernels. The dataclass defaults
 #: above are the values scripts/validate_model.py fitted from these on a third of the pr-825 points
-#: (its report: pa_tile/data/model_validation.md). They sit far from the priors (0.45 of peak,
-#: 4800 cycles): the fit absorbs what the model does not see (DRAM page locality, L2/TLB misses,
-#: the latency of dependent address chains), so read them as effective figures, not as hardware facts.
+#: (its report: pa_tile/data/model_validation.md), on the 80-CU MI308X those times were measured on
+#: (see [FLYDSL-MI308X]); using them for MI300X assumes the same per-CU latency and fraction of peak
+#: HBM. They sit far from the priors (0.55 of peak, 6400 cycles, the grid's top): the fit absorbs what
+#: the model does not see (vL1D reuse, DRAM page locality, L2/TLB misses, the latency of dependent
+#: address chains), so read them as effective figures, not as hardware facts.
 PRIORS = dict(hbm_efficiency=0.80, mem_latency_cycles=1200.0, launch_us=2.0)
 
 HARDWARE: Dict[str, Hardware] = {
