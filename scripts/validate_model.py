@@ -392,6 +392,42 @@ def _predict_point(vres: dict, shape: dict, overrides: dict) -> dict:
                 round=p.details["round_terms"], vgpr=main.vgpr_unified, lds=main.lds_bytes)
 
 
+# ---------------------------------------------------------------------------------------------
+# which CU count the quotes were measured at: the seeds' own partition heuristics (transcribed from
+# kernels/pa_decode_tile.py's host code at these commits, 64 tiles = context 16384) against what
+# the messages of 879c2e69 and 48b7b9c7 say changed
+
+
+def _np_2fc39dc7(batch, cus, tiles=64):  # f44f95f5 .. 2fc39dc7: fill the CUs, powers of two
+    want = max(1, min(-(-cus // batch), tiles))
+    return max(c for c in (1, 2, 4, 8, 16, 32, 64) if c <= want)
+
+
+def _np_879c2e69(batch, cus, tiles=64):  # + a ~24-tiles-per-partition floor, candidates 3 and 6
+    want = max(1, min(max(-(-cus // batch), -(-tiles // 24)), tiles))
+    return max(c for c in (1, 2, 3, 4, 6, 8, 16, 32, 64) if c <= want)
+
+
+def _np_recommended(batch, cus):  # 48b7b9c7 on: production's get_recommended_splits (occupancy 2)
+    return max(4, min(-(-(2 * cus) // batch), 8))
+
+
+def cu_count_statements(cus: int) -> dict:
+    """The messages' statements about partition counts, true or false at ``cus`` CUs."""
+    old, new = (lambda b: _np_2fc39dc7(b, cus)), (lambda b: _np_879c2e69(b, cus))
+    return {
+        "879c2e69 changes the kernel at b96 (quoted 445 -> 329 us)": old(96) != new(96),
+        "879c2e69 changes the kernel at b128 (442 -> 392)": old(128) != new(128),
+        "879c2e69 changes the kernel at b256 (905 -> 757)": old(256) != new(256),
+        "879c2e69 changes the kernel at b32 (-10%)": old(32) != new(32),
+        "879c2e69 leaves b1-16 unchanged": all(old(b) == new(b) for b in (1, 8, 16)),
+        "before 879c2e69, 'one coarse CTA per sequence' (NP=1) at high batch (b128)": old(128) == 1,
+        "2fc39dc7 ran b96 and b128 with the same per-workgroup work (both quoted 445 us)": old(96) == old(128),
+        "48b7b9c7: production's [4, 8] floor binds at b128 ('overshoots')": -(-(2 * cus) // 128) < 4,
+        "879c2e69's bespoke count at b128 is the 'NP=3 sweet spot'": new(128) == 3,
+    }
+
+
 def _spearman(xs, ys) -> float:
     def ranks(v):
         order = sorted(range(len(v)), key=lambda i: v[i])
@@ -564,6 +600,17 @@ def main(argv=None) -> int:
     return 0
 
 
+def _ranges(xs) -> str:
+    out, i = [], 0
+    while i < len(xs):
+        j = i
+        while j + 1 < len(xs) and xs[j + 1] == xs[j] + 1:
+            j += 1
+        out.append(f"{xs[i]}" if i == j else f"{xs[i]}-{xs[j]}")
+        i = j + 1
+    return ", ".join(out)
+
+
 def _verdict(s) -> str:
     met = (s["held_out"] and s["held_within_15"] == s["held_out"] and s["steps_sign_ok"] == s["steps"]
            and s["spearman_held"] >= 0.9)
@@ -622,9 +669,15 @@ def _report(s, rows, steps, data) -> str:
         "",
         "- 879c2e69 says b96 went 445 -> 329 us, b32 -10%, b64 a tie, b1-16 unchanged. At 304 CUs its heuristic "
         "gives b96 NP 4 -> 4 and b32 NP 8 -> 8 (the same kernel before and after: no step possible); at 80 CUs b96 "
-        "NP 1 -> 3 and b32 2 -> 3. Of nine such statements of 879c2e69/48b7b9c7 (which batches change NP, NP=1 "
-        "'one coarse CTA per sequence' at high batch, b96 and b128 with the same per-CTA work, production's [4,8] "
-        "floor binding at b128), every CU count from 57 to 80 satisfies all nine, 304 only four.",
+        "NP 1 -> 3 and b32 2 -> 3 (and b64 2 -> 3, which the message calls a tie: a statement about time, "
+        "not counted below). The nine statements of 879c2e69/48b7b9c7 about partition counts "
+        "(`cu_count_statements` in this script), true at 304 / at 80 CUs:",
+    ]
+    st304, st80 = cu_count_statements(304), cu_count_statements(80)
+    out += [f"  - {k}: {'yes' if st304[k] else 'NO'} / {'yes' if st80[k] else 'NO'}" for k in st80]
+    all_true = [c for c in range(1, 513) if all(cu_count_statements(c).values())]
+    out += [
+        f"  - CU counts (1-512) at which all nine hold: {_ranges(all_true) or 'none'}",
         "- '~1.6 waves/SIMD at high batch' (879c2e69): NP=1 at b128 is 128 workgroups of 4 waves, 128/80 = 1.6 "
         "per SIMD; at 304 CUs that batch ran NP=2, 256/304 = 0.84.",
         "- 'NP=2 is a measured tail-effect trap at b128': 256 workgroups exceed 80 CUs x 3 resident (240), not "
