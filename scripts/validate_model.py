@@ -759,6 +759,11 @@ def _report(s, rows, steps, data) -> str:
             "(304 CUs) with them assumes the same per-CU latency and the same fraction of peak HBM, an assumption. "
             "`pa_tile/data/partition_table.json` was computed with the previous defaults and form and was not "
             "regenerated here (tests/test_partition_choice.py still finds it the model's argmin on its probes).",
+            "- Tried at 80 CUs and not kept: the walk's addresser shared by every wave resident on the CU (4 x "
+            "resident workgroups, instead of the 4 waves of one workgroup issuing alike): 12/22 held-out within "
+            "15%, median 14.9%, 15/20 steps, Spearman 0.939 (fit 0.45 / 3200 cycles / 4 us): waves of different "
+            "workgroups do not issue their loads together, and charging them as if they did makes every "
+            "partition step that raises residency look slower (not committed).",
             "- Earlier attempts, all on the 304-CU harness (their figures are of that harness): a GPU-wide "
             "memory-level-parallelism (Little's law) bound changed no figure (same 14/22, 9/20, 0.980: an "
             "aggregate bound can only bind where the average CU is worse than the busiest, and the per-wave walk "
