@@ -453,7 +453,9 @@ def _spearman(xs, ys) -> float:
     return cov / (vx * vy) if vx and vy else float("nan")
 
 
-#: The fit's search grid. hbm_efficiency stops at 0.45 and launch_us at 1 us: a run with the
+#: The fit's search grid (unchanged since the 304-CU harness; the 80-CU fit lands on its latency
+#: top, 6400 cycles, and launch_us bottom, and it was left so). hbm_efficiency stops at 0.45 and
+#: launch_us at 1 us: a run with the
 #: grid widened to 0.35 / 0.5 us fitted the fit points marginally better (mean |log err| 0.124 vs
 #: 0.128) at the grid's new edge (0.35 of peak HBM, 1.9 TB/s, which no streaming benchmark shows)
 #: and predicted the held-out points worse (10/22 within 15% instead of 14/22). We keep the
@@ -637,7 +639,8 @@ def _report(s, rows, steps, data) -> str:
         f"- points: {s['points']}; fitted on {s['fit_points']} (every third), held out {s['held_out']}",
         "- fit: grid search (scripts/validate_model.py GRID) on the mean |log(predicted/measured)| of the fit points; "
         "the grid's lower bounds (hbm_efficiency 0.45, launch_us 1) were chosen after a wider run fitted 0.35 / 0.5 "
-        "and predicted the held-out points worse (10/22 within 15%): see the GRID comment",
+        "and predicted the held-out points worse (10/22 within 15%; a run of the 304-CU harness): see the GRID "
+        "comment; the grid is unchanged since",
         f"- FITTED constants: " + ", ".join(f"`{k}` = {v:g} (prior {s['priors'][k]:g})" for k, v in s["fitted"].items()),
         "- fit at the grid's edge: " + (", ".join(f"`{k}` = {v:g} ({'lowest' if v == min(GRID[k]) else 'highest'})"
                                                  for k, v in s["fitted"].items() if v in (min(GRID[k]), max(GRID[k])))
