@@ -726,7 +726,8 @@ def _report(s, rows, steps, data) -> str:
             "of 4/4); + addresser clocks per lane group (below): 14/22, 9.0%, 16/20 (879c2e69's b96 wrong again), "
             "0.957; + the tail wave: "
             "15/22, 9.0%, 16/20, 0.962; + the re-walk form of the loaded latency (below): the figures of this "
-            "report. The current model at 304 CUs with the count form: 14/22, 10.4%, 11/20, 0.980. With 8 XCDs "
+            "report. The current model at 304 CUs (`--gpu mi300x`): 5/22, 26.7%, 10/20, 0.934 (fit 0.45 / 6400 "
+            "cycles / 8 us); with the count form there: 14/22, 10.4%, 11/20, 0.980. With 8 XCDs "
             "of 10 CUs instead of 4 of 20 (the MI308X XCD count comes from a third-party note) no figure changed "
             "(checked on the 80-CU run of the previous model).",
             "- Addresser clocks per lane group: the addresser takes 64 bytes of request per clock, lanes in order "
