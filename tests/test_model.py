@@ -178,3 +178,50 @@ def test_block_frequencies_follow_the_sampled_executions():
     other = ASM.replace("k:\n", "k:\n  s_mov_b32 s9, 0\n")
     moved = model.map_lines({first: 8.0, skipped: 2.0}, ASM, other, "k", "k")
     assert moved == {first + 1: 8.0, skipped + 1: 2.0}
+
+
+def _ta_cycles(lane_offsets, nbytes=16):
+    import numpy as np
+
+    tr = model.line_trace("gfx942")
+    tr.bases = np.array([0], dtype=np.uint64)
+    tr.global_access("global_load_dwordx4", 1, np.asarray(lane_offsets, dtype=np.uint64), np.ones(64, bool), nbytes)
+    return tr.ta_cycles, tr.lines
+
+
+def test_addresser_clocks_per_lane_group():
+    """64 bytes of request per clock, lanes in order, one clock per distinct 128-byte line of a group."""
+    lanes = list(range(64))
+    # coalesced dwordx4: 16 clocks, 8 lines
+    assert _ta_cycles([16 * l for l in lanes]) == (16, 8)
+    # the plain token-major K of the pr-825 seeds: lane l reads token l % 16 (rows 128 B apart) at
+    # byte 32 * (l // 16): the wave touches 16 lines, but each 4-lane group 4 of them
+    assert _ta_cycles([128 * (l % 16) + 32 * (l // 16) for l in lanes]) == (64, 16)
+    # the blocked K (61539270): consecutive lanes 32 B apart: one line per group, same 16 lines per wave
+    assert _ta_cycles([4096 * (l // 16) + 32 * (l % 16) for l in lanes]) == (16, 16)
+    # a vmem_segments figure follows the per-group count when the sample has it
+    assert model.vmem_segments({"buffer": 4.0, "other_ta_cycles": 256.0, "other_lines": 32.0}) == 64.0
+
+
+def test_tail_wave_is_timed_with_its_own_residency():
+    """One workgroup more than a full generation: the tail runs alone, so an issue-bound kernel takes
+    less than two full generations (and more than one)."""
+    h = hw.HARDWARE["mi300x"]
+    issue_bound = dict(PER_TILE, valu=8000.0)
+    code = _code(loop_cycles=400.0, vm_stall=0.0, workgroups_per_cu=2)
+    one = DecodeShape(batch=h.compute_units * 2, context=4096, num_q_heads=8, num_kv_heads=1)
+    tail = DecodeShape(batch=h.compute_units * 3, context=4096, num_q_heads=8, num_kv_heads=1)
+    t1 = _predict(one, code=code, per_tile=issue_bound)
+    t2 = _predict(tail, code=code, per_tile=issue_bound)
+    assert t1.details["generations"] == 1 and t2.details["generations"] == 2
+    assert 1.3 * t1.terms_us["cu"] < t2.terms_us["cu"] < 1.9 * t1.terms_us["cu"]
+
+
+def test_mi308x_is_the_80_cu_gfx942_part_and_has_a_floor():
+    h = hw.hardware("mi308x")
+    assert (h.compute_units, h.arch, h.hbm_bytes_per_s) == (80, "gfx942", 5.3e12)
+    assert hw.hardware("gfx942").name == "MI300X"  # the arch still names MI300X
+    s = DecodeShape(batch=128, context=16384, num_q_heads=8, num_kv_heads=1)
+    p = _predict(s, gpu=h)
+    assert p.floor_us == pytest.approx(time_floor(s, "MI300X").time_us)  # same HBM, same bytes
+    assert p.predicted_us >= p.floor_us

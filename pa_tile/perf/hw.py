@@ -27,6 +27,14 @@ Sources (short names used below):
   (VALU, MFMA, SALU/SMEM, LDS, VMEM, branch) from different waves; LDS of 32 banks x 4 bytes
   serves 128 bytes per clock per CU; the vL1D/texture addresser processes one 64-byte request
   per clock per CU.
+* [FLYDSL-MI308X] the gfx942 machine of the pr-825 author (fsx950223) is an MI308X: the same
+  author's ROCm/FlyDSL commits of June 2026 say "Verified on MI308X (gfx942)" (94b41abe) and
+  "Measured (softmax 8192^2, MI308X)" (34b5f488, e33eca2e). MI308X is a gfx942 (CDNA3) part with
+  80 CUs; it is not in AMD's ROCm GPU-specifications table, so its figures here come from a
+  public third-party tuning note ("MI308X: 80 CU, 4 XCD, 5.3 TB/s HBM3, 64 KB LDS/CU, 4 MB
+  L2/XCD, 256 MB L3"; the CU count is also what the pr-825 host heuristics' own arithmetic
+  implies, see scripts/validate_model.py). ASSUMED, not sourced: the same 2100 MHz peak clock
+  and per-CU rates (MFMA, LDS, addresser) as MI300X, i.e. the same CDNA3 CU.
 * [SC25-MALL] Tee, Curtis, Wolfe, Wong, "The MALL is Open: Exploring Shared Caches and Latency
   in AMD CDNA 3 GPUs", SC'25 workshops (pointer-chasing latency of L2 / MALL / HBM on MI300X).
   Its ordering (L2 < MALL < HBM, hundreds of ns to HBM) frames the latency prior; the value used
@@ -67,8 +75,8 @@ class Hardware:
     trans_cycles: int = 16                # [CDNA3-ISA] quarter-rate transcendentals
     issue_interval: int = 4               # [ROCPROF] one instruction per wave per 4-cycle SIMD visit
     # -- FITTED (see FITTED, PRIORS and pa_tile/data/model_validation.md) -------------------------
-    hbm_efficiency: float = 0.45          # FITTED: achievable / peak HBM bandwidth for these kernels' reads
-    mem_latency_cycles: float = 4800.0    # FITTED: unloaded load-to-use latency of a K/V global load
+    hbm_efficiency: float = 0.55          # FITTED: achievable / peak HBM bandwidth for these kernels' reads
+    mem_latency_cycles: float = 6400.0    # FITTED: unloaded load-to-use latency of a K/V global load
     #: ASSUMED (not fitted): load-to-use latency of data resident in L2 / Infinity Cache (the
     #: split-K partials the reduce kernel re-reads); [SC25-MALL] places L2 and MALL hits well
     #: below HBM; 500 cycles (~240 ns at 2.1 GHz) is our round figure between them.
@@ -106,14 +114,22 @@ FITTED = ("hbm_efficiency", "mem_latency_cycles", "launch_us")
 #: reads reach on MI300X-class parts; ~1200 cycles (~570 ns) is our round figure for an HBM miss
 #: below the SC25-MALL ordering; ~2 us between two graph-replayed kernels. The dataclass defaults
 #: above are the values scripts/validate_model.py fitted from these on a third of the pr-825 points
-#: (its report: pa_tile/data/model_validation.md). They sit far from the priors (0.45 of peak,
-#: 4800 cycles): the fit absorbs what the model does not see (DRAM page locality, L2/TLB misses,
-#: the latency of dependent address chains), so read them as effective figures, not as hardware facts.
+#: (its report: pa_tile/data/model_validation.md), on the 80-CU MI308X those times were measured on
+#: (see [FLYDSL-MI308X]); using them for MI300X assumes the same per-CU latency and fraction of peak
+#: HBM. They sit far from the priors (0.55 of peak, 6400 cycles, the grid's top): the fit absorbs what
+#: the model does not see (vL1D reuse, DRAM page locality, L2/TLB misses, the latency of dependent
+#: address chains), so read them as effective figures, not as hardware facts.
 PRIORS = dict(hbm_efficiency=0.80, mem_latency_cycles=1200.0, launch_us=2.0)
 
 HARDWARE: Dict[str, Hardware] = {
     "mi300x": Hardware(
         name="MI300X", arch="gfx942", compute_units=304, xcds=8, clock_hz=2.1e9, hbm_bytes_per_s=5.3e12,
+        infinity_cache_bytes=256 << 20, l2_bytes_per_xcd=4 << 20, lds_bytes_per_clk=128, ta_bytes_per_clk=64,
+        mfma_cycles=16,
+    ),
+    # the pr-825 timings' device (see [FLYDSL-MI308X]); per-CU figures ASSUMED equal to MI300X's
+    "mi308x": Hardware(
+        name="MI308X", arch="gfx942", compute_units=80, xcds=4, clock_hz=2.1e9, hbm_bytes_per_s=5.3e12,
         infinity_cache_bytes=256 << 20, l2_bytes_per_xcd=4 << 20, lds_bytes_per_clk=128, ta_bytes_per_clk=64,
         mfma_cycles=16,
     ),

@@ -29,7 +29,8 @@ workgroup does one tile) takes::
 
 A workgroup of ``T`` tiles takes ``T * round + F`` (``F``: its walked prologue+epilogue). The
 grid (batch x KV heads x M-groups x partitions) is dealt round-robin over the XCDs, then over each
-XCD's CUs; the busiest CU runs ``ceil(n / R_max)`` generations of at most ``R_max`` workgroups.
+XCD's CUs; the busiest CU runs ``ceil(n / R_max)`` generations of at most ``R_max`` workgroups,
+the last (tail) one with only the remainder resident, its rounds timed with that many.
 Memory: HBM bytes (K/V of every page touched, scales, query, output, block tables; split-K
 partials written and read back at Infinity Cache bandwidth, they fit in its 256 MB) over
 ``hbm_efficiency x peak``; bytes *requested* beyond the unique ones (M-groups re-reading K/V)
@@ -52,7 +53,7 @@ import re
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from . import hw as _hw
-from .roofline import DecodeShape, time_floor, traffic
+from .roofline import GPUS, DecodeShape, GpuSpec, time_floor, traffic
 
 __all__ = [
     "WaveProfile",
@@ -74,11 +75,13 @@ TILE = 256
 #: how the loaded latency enters: "count" (every wait that stalled at the unloaded latency grows
 #: 1:1 with the extra latency) or "rewalk" (the walk re-run at the loaded latency, interpolated
 #: over LATENCY_FACTORS: each wait stalls exactly as long as the longer latency makes it). The
-#: re-walk is the more literal form, but it validated far worse on the pr-825 points (5/22
-#: held-out within 15%, median 24.8%, 5/20 steps, Spearman 0.917, against 14/22, 13.5%, 9/20,
-#: 0.980 for "count"; ``scripts/validate_model.py --loaded-latency rewalk`` reruns it), so
-#: "count" stays the default: a choice made after seeing both.
-LOADED_LATENCY = "count"
+#: re-walk is the more literal form. On the pr-825 points predicted for a 304-CU MI300X it
+#: validated far worse than "count" (5/22 held-out within 15% against 14/22), so "count" was the
+#: default; with the harness corrected to the 80-CU MI308X those times were measured on, it
+#: validates better on every figure (``pa_tile/data/model_validation.md`` gives both), so
+#: "rewalk" is the default now: like the first, a choice made after seeing both
+#: (``scripts/validate_model.py --loaded-latency count`` reruns the other).
+LOADED_LATENCY = "rewalk"
 #: the highest HBM utilisation the loaded-latency fixed point may reach (lat0 / (1 - u) stays finite)
 U_MAX = 0.95
 _TRANS = ("v_exp_", "v_log_", "v_rcp_", "v_sqrt_", "v_rsq_", "v_sin_", "v_cos_")
@@ -521,6 +524,13 @@ def _accepts(fn, name: str) -> bool:
 #: bytes of an L2 cache line on CDNA3/CDNA4 ([CDNA3-WP]: 128-byte lines); the vector-memory
 #: addresser is charged per distinct line a wave instruction touches (``line_trace``)
 LINE = 128
+#: [ROCPROF] the vL1D/texture addresser takes one 64-byte request per clock per CU: a wave's
+#: lanes are taken in order, 64 bytes of request (4 lanes of a dwordx4, 16 of a dword) per clock.
+#: ASSUMED from that (the docs give the rate, not this form): each such clock's group of lanes
+#: costs one clock per distinct 128-byte line it touches, so a layout whose consecutive lanes
+#: stride a line apart (a token-major K/V read by MFMA lane roles) pays even when the whole wave
+#: touches few lines (``trace.ta_cycles``; ``vmem_segments`` prefers it to the per-wave lines).
+TA_BYTES_PER_CLK = 64
 
 
 def line_trace(arch: str):
@@ -543,6 +553,7 @@ def line_trace(arch: str):
         def __init__(self, arch):
             super().__init__(arch)
             self.lines = 0
+            self.ta_cycles = 0
             self.vector_accesses = 0
             self.bases = np.zeros(0, dtype=np.uint64)
 
@@ -564,6 +575,12 @@ def line_trace(arch: str):
             first = tag + off // line_
             last = tag + (off + np.uint64(max(1, nbytes) - 1)) // line_
             self.lines += int(np.unique(np.concatenate([first, last])).size)
+            # the addresser takes TA_BYTES_PER_CLK of the request per clock, lanes in order: each
+            # clock's group of lanes costs one clock per distinct line it touches (at least one)
+            lanes = np.nonzero(m)[0].astype(np.uint64)
+            group = lanes // np.uint64(max(1, TA_BYTES_PER_CLK // max(1, nbytes)))
+            keys = np.concatenate([(group << np.uint64(52)) | first, (group << np.uint64(52)) | last])
+            self.ta_cycles += int(np.unique(keys).size)
             self.vector_accesses += 1
 
     return LineTrace(arch)
@@ -606,7 +623,8 @@ def _emulate(ad, shape: DecodeShape, arch: str, context: int, partitions: Option
         f = _family(mn)
         fam[f] = fam.get(f, 0) + c
     kv = dict(bytes=0.0, segments=0.0)
-    other = dict(bytes=0.0, segments=0.0, store_bytes=0.0, lines=float(trace.lines))
+    other = dict(bytes=0.0, segments=0.0, store_bytes=0.0, lines=float(trace.lines),
+                 ta_cycles=float(getattr(trace, "ta_cycles", 0)))
     lds = dict(bytes=0.0, conflict_cycles=0.0)
     for r in trace.summary():
         if r["space"] in ("global", "buffer"):
@@ -694,6 +712,17 @@ class Prediction:
         return dataclasses.asdict(self)
 
 
+def _floor_spec(hwc: _hw.Hardware):
+    """The roofline's spec of this GPU; a part roofline does not list (MI308X) gets one from
+    ``hw`` (its peak HBM bandwidth, CUs, clock; fp8 rate per CU from ``mfma_cycles``)."""
+    for k, spec in GPUS.items():
+        if k.lower() == hwc.name.lower():
+            return spec
+    per_cu = 4 * 2 * 16 * 16 * 32 // hwc.mfma_cycles  # 4 SIMDs x one 16x16x32 fp8 MFMA per mfma_cycles
+    return GpuSpec(hwc.name, hwc.arch, hwc.hbm_bytes_per_s, hwc.compute_units, int(hwc.clock_hz / 1e6), per_cu,
+                   "pa_tile.perf.hw (see its sources)")
+
+
 def _grid_per_cu(wgs: int, hwc: _hw.Hardware) -> int:
     per_xcd = -(-wgs // hwc.xcds)
     return -(-per_xcd // hwc.cus_per_xcd)
@@ -776,11 +805,17 @@ def predict(*, shape: DecodeShape, hw, per_tile: Dict[str, float], fixed: Dict[s
             return _interp(curve, lat, 1) * scale if lp is not None and lp.instructions else 0.0, _interp(curve, lat, 2)
         return L_tile + extra * k_loop, F0 + extra * k_fixed
 
+    # the busiest CU's generations: full ones of r_max resident workgroups, then the tail wave
+    # with the rest (fewer workgroups share the CU's issue slots, LDS and addresser)
+    gen_sizes = [r_max] * (per_cu // r_max) + ([per_cu % r_max] if per_cu % r_max else [])
+
     def evaluate(u):
         lt, fx = loaded(u)
         cand = dict(latency=lt, issue=R * simd_busy, lds=R * lds_cu, vmem_addresser=R * ta_cu)
         rc = max(cand.values())
-        t_cu_ = generations * (T * rc + fx) / clk
+        t_cu_ = 0.0
+        for r in gen_sizes:
+            t_cu_ += (T * max(lt, r * simd_busy, r * lds_cu, r * ta_cu) + fx) / clk
         return cand, rc, t_cu_, max(t_cu_, t_mem)
 
     u_lo, u_hi = 0.0, U_MAX
@@ -812,7 +847,7 @@ def predict(*, shape: DecodeShape, hw, per_tile: Dict[str, float], fixed: Dict[s
         t_reduce = launch + max(r_cu, r_mem)
         terms["reduce"] = t_reduce * 1e6
     total = launch + t_main + t_reduce
-    floor = time_floor(shape, hwc.name).time_us
+    floor = time_floor(shape, _floor_spec(hwc)).time_us
     pred_us = total * 1e6
     clamped = pred_us < floor
     pred_us = max(pred_us, floor)
@@ -861,11 +896,14 @@ def predict_stage(stage: str, shape: DecodeShape, gpu: str = "mi300x", *, sample
 
 def vmem_segments(per_tile: Dict[str, float]) -> float:
     """Addresser cost of an average vector memory instruction in a sample's tile, in 64-byte
-    segment-clocks: 2 per distinct 128-byte line touched (``line_trace``), else the 64-byte
-    segments the trace counts, else 16 (a coalesced wave64 dwordx4)."""
+    segment-clocks: the clocks ``line_trace`` counts per lane group (``TA_BYTES_PER_CLK``), else 2
+    per distinct 128-byte line touched, else the 64-byte segments the trace counts, else 16 (a
+    coalesced wave64 dwordx4; every form gives 16 for it)."""
     n = per_tile.get("global", 0.0) + per_tile.get("buffer", 0.0)
     if not n:
         return 16.0
+    if per_tile.get("other_ta_cycles"):
+        return per_tile["other_ta_cycles"] / n
     if per_tile.get("other_lines"):
         return 2.0 * per_tile["other_lines"] / n
     return per_tile["other_segments"] / n if per_tile.get("other_segments") else 16.0
