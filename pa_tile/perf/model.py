@@ -886,7 +886,7 @@ def predict_stage(stage: str, shape: DecodeShape, gpu: str = "mi300x", *, sample
                        line_counts=sample.line_per_tile or None)
     reduce = kernel_code(sample.reduce_asm, sample.reduce_kernel, hw=hwc, cached=True) if sample.reduce_asm else None
     if partitions is None:
-        partitions = _stage_partitions(stage, shape, arch)
+        partitions = _stage_partitions(stage, shape, arch, hwc.compute_units)
     pred = predict(shape=shape, hw=hwc, per_tile=sample.per_tile, fixed=sample.fixed, main=main,
                    waves_per_workgroup=sample.waves_per_workgroup, m_groups=sample.m_groups,
                    partitions=partitions, reduce=reduce, hot_cache=hot_cache)
@@ -909,7 +909,9 @@ def vmem_segments(per_tile: Dict[str, float]) -> float:
     return per_tile["other_segments"] / n if per_tile.get("other_segments") else 16.0
 
 
-def _stage_partitions(stage: str, shape: DecodeShape, arch: str) -> int:
+def _stage_partitions(stage: str, shape: DecodeShape, arch: str, cu_count: int) -> int:
+    """The split the stage's own chooser picks on a device of ``cu_count`` CUs (as ``pa_tile.plan``
+    does with the device's CU count: an 80-CU part is not given a 304-CU part's split)."""
     from .. import stages
 
     mod = stages.get(stage)
@@ -917,7 +919,7 @@ def _stage_partitions(stage: str, shape: DecodeShape, arch: str) -> int:
     if fn is None:
         return 1
     return int(fn(shape.batch, shape.num_kv_heads, shape.max_context, arch=arch, head_dim=shape.head_dim,
-                  group=shape.group, query_length=shape.query_length))
+                  group=shape.group, query_length=shape.query_length, cu_count=cu_count))
 
 
 def format_prediction(p: Prediction) -> str:
