@@ -776,7 +776,11 @@ class WidePages(LanePages):
                 out.extend([v[k] for k in range_constexpr(4)])
         return fx.Vector.from_elements(out, dtype=fx.Int32)
 
+# %% [markdown]
+# The tile's V words, and (on the tile holding the context's end) the bytes past it zeroed span by
+# span: a page's unused slots may hold NaN codes, and 0·NaN is NaN inside the MFMA.
 
+# %% tags=["export"]
 @device_code
 def wide_v(c, wp, v_ids, t, ctx, grp):
     """The wave's V words of tile ``t``, bytes of tokens past the context zeroed span by span."""
@@ -830,7 +834,10 @@ def wide_scores(c, ms, t, tok, ctx, k_words, shared, stats, lane, col, wave, c_q
         s_all.append(s)
     return s_all
 
+# %% [markdown]
+# Per token, the V scales: their wave max to the table in phase A, the weight after the barrier.
 
+# %% tags=["export"]
 @device_code
 def wide_v_max(c, sc_lds, v_sc1, t, wave, lane, ctx):
     """The lane's V scale (0 for a token no row sees, as in ``stage_scales``); its wave's max to
@@ -943,7 +950,10 @@ def wide_loop(c, k, wp, t_start, t_end):
         res = yield [k_next] + v_next + o_all + m_all + l_all
     return res
 
+# %% [markdown]
+# The merge after the loop, and the output.
 
+# %% tags=["export"]
 def wide_merge_and_write(c, k, res, rows, v_scale, outputs, part, num_kv_heads):
     """The four waves' row sums, and each wave's d-chunks of every M-tile written."""
     O0 = 1 + WAVES
