@@ -24,7 +24,7 @@
 # `row = qi · group + head` (MTP position outer, head inner), and tiled into 16-row
 # **M-tiles**: `ceil(query_length · group / 16)` of them, up to 8.
 #
-# This chapter keeps chapter 2's register-resident design (each wave owns 64 tokens of every
+# This chapter starts from chapter 2's register-resident design (each wave owns 64 tokens of every
 # 256-token tile, turned-around scores, P·V from registers, one four-wave merge after the
 # loop) and adds, in the same kernel:
 #
@@ -32,6 +32,10 @@
 # 2. the **phase split**: on K's registers, every M-tile's scores, row max and fp8 P; then, on
 #    V's registers (K's, reused), every M-tile's P·V. So one workgroup carries several M-tiles and
 #    reads each K and V byte **once** for all of them, and the query is loaded once per workgroup;
+#    and then, because past two M-tiles the register-resident loop runs out of registers, the
+#    **head_dim split of P·V** (upstream's): the waves share each tile's row max and P through
+#    LDS and each keeps a quarter of the output. Measured, it wins at every M-tile count, so it
+#    is the default; the register-resident loop stays as the baseline it is measured against;
 # 3. the layouts and options of chapters 3–4: blocked K `[blocks, kv_heads, head_dim/16, block, 16]`,
 #    trans-blocked V `[blocks, kv_heads, block/16, head_dim, 16]` (plain V still accepted),
 #    head_dim 64, 128 or 256, f16 or bf16 query (strided rows and heads) with output in the query
@@ -73,9 +77,10 @@ scores ``D[token, row] = K·Qᵀ``, P·V with V as A and P as B so the output fr
   grid y = KV heads x M-groups) and loads the query once, staged in LDS; the last
   ``query_length`` positions are causally masked, with an optional sliding window;
 * the phase split: on K's registers each M-tile's scores, row max and fp8 P in turn, then on V's
-  every M-tile's P·V, so K and V are read once for all of a workgroup's M-tiles; past two
-  M-tiles P·V is split across the waves by head_dim (upstream's split: a shared row max and P
-  through LDS, a quarter of the output registers);
+  every M-tile's P·V, so K and V are read once for all of a workgroup's M-tiles; by default P·V
+  is split across the waves by head_dim (upstream's split: a shared row max and P through LDS, a
+  quarter of the output registers; ``WIDE_ABOVE`` keeps the register-resident loop for
+  comparison);
 * blocked K ``[nb, kvh, head_dim//16, block, 16]``, trans-blocked V ``[nb, kvh, block//16,
   head_dim, 16]`` (or plain V ``[nb, kvh, head_dim, block]``), head_dim 64/128/256, f16/bf16
   query (any row/head strides, unit channel stride), output in the query dtype;
@@ -139,8 +144,8 @@ NINF = float("-inf")
 # ≤ 256 → 2), better than upstream's 2 with the same rows. Four take ~270: one wave per SIMD,
 # short of upstream's 246 registers and 2 waves, and giving the extra M-tiles to more
 # workgroups re-reads the KV head's K and V once per workgroup (4.7x the compulsory bytes at
-# query_length 4 × group 16). So past two M-tiles the kernel switches to upstream's split of the
-# work, **P·V by head_dim** ("Many M-tiles" below): each wave keeps only its quarter of `O`
+# query_length 4 × group 16). So the kernel ends up with upstream's split of the work, **P·V by
+# head_dim** ("The head_dim split of P·V" below): each wave keeps only its quarter of `O`
 # (`head_dim/16` registers per M-tile), at the price of P going through LDS with barriers. `plan`
 # keeps every M-tile of a KV head in one workgroup (up to 8: 128 rows), so K and V are read once;
 # `m_tiles=` caps it, and more M-tiles then go to more workgroups along grid y
@@ -256,7 +261,7 @@ for masked_value in (-1e30, float("-inf")):
 # kernel, where the four waves share one row max through LDS, the phase split turns one barrier
 # per M-tile into one barrier per tile. Here the row max is wave-local (15 in-lane `v_max` and
 # two butterfly steps; the lane owns its row), so for up to two M-tiles the loop has **no
-# barrier at all** (past two, "Many M-tiles" below trades barriers for registers).
+# barrier at all** ("The head_dim split of P·V" below trades barriers for registers).
 # `sched_barrier`s keep the M-tiles apart: interleaved by the scheduler, their temporaries would
 # add up.
 #
@@ -284,8 +289,8 @@ for masked_value in (-1e30, float("-inf")):
 # output rounding (the check is under "Does it work?").
 
 # %% [markdown]
-# One wave's issue order for two trips of the loop with two M-tiles per workgroup, between the
-# query's staging and the merge: the loop has no workgroup barrier.
+# One wave's issue order for two trips of the register-resident loop with two M-tiles per
+# workgroup, between the query's staging and the merge: the loop has no workgroup barrier.
 
 # %%
 figures.phase_timeline(m_tiles=2, tiles=2)
@@ -530,7 +535,7 @@ class Spec:
         self.NH = head_dim // 64  # 64-channel halves of a K row: K chunks grp and grp + 4
         self.NCH = head_dim // 16  # 16-channel d-chunks of the output
         self.CPW = self.NCH // WAVES  # d-chunks each wave owns after the merge
-        self.WIDE = self.MT > WIDE_ABOVE  # P·V split by head_dim, P through LDS ("Many M-tiles")
+        self.WIDE = self.MT > WIDE_ABOVE  # P·V split by head_dim, P through LDS (its section)
         self.MB = PHASE_GROUP[head_dim]  # M-tiles per phase group of the head_dim split
         self.XS, self.SHARED_BYTES = exchange_slots(head_dim, self.MT)
         if self.WIDE:  # no exchange after the loop: the shared region holds only the staged query
@@ -696,12 +701,12 @@ def merge_and_write(c, lds, shared, res, rows, v_scale, outputs, seq, kvh, part,
 
 
 # %% [markdown]
-# ## Many M-tiles: P·V split by head_dim
+# ## The head_dim split of P·V
 #
-# Past two M-tiles the output fragments are what the loop cannot give back: `head_dim/4`
-# registers per M-tile in every lane, because each wave accumulates `O` over all of head_dim for
-# its own 64 tokens. Upstream's kernel splits the other way for P·V, and past two M-tiles so do
-# we: wave `w` computes, for every M-tile, only the `CPW` 16-channel d-chunks `CPW·w ..` (the
+# Past two M-tiles the output fragments are what the register-resident loop cannot give back:
+# `head_dim/4` registers per M-tile in every lane, because each wave accumulates `O` over all of
+# head_dim for its own 64 tokens. Upstream's kernel splits the other way for P·V, and so do we
+# (by default at every M-tile count: "Registers and occupancy" below measures both): wave `w` computes, for every M-tile, only the `CPW` 16-channel d-chunks `CPW·w ..` (the
 # ones it would have kept after the merge), over **all 256 tokens** of the tile. Its `O` is
 # `head_dim/16` registers per M-tile, a quarter. Phase A (scores on K's registers) is unchanged;
 # what the split costs is sharing two things across the waves every tile:
@@ -737,8 +742,9 @@ plt.show()
 #: M-tiles per phase group of the head_dim split (measured, "Registers and occupancy")
 PHASE_GROUP = {64: 1, 128: 4, 256: 4}
 #: up to this many M-tiles per workgroup the loop stays register-resident (no barrier); past it
-#: P·V is split by head_dim
-WIDE_ABOVE = 2
+#: P·V is split by head_dim. 0: always split, the measured default ("Registers and occupancy":
+#: fewer registers at every M-tile count, and the timing model predicts it faster)
+WIDE_ABOVE = 0
 
 
 class WidePages(LanePages):
@@ -1020,7 +1026,7 @@ def make_kernel(c):
             sc_lds = fx.recast_iter(fx.Uint8, lds.scales.ptr)
             sc_k = wave * (2 * WAVE * 4)  # this wave's 64 K scales, then its 64 V weights
             sc_v = sc_k + WAVE * 4
-        if const_expr(c.WIDE):  # past two M-tiles: P·V split by head_dim ("Many M-tiles")
+        if const_expr(c.WIDE):  # P·V split by head_dim ("The head_dim split of P·V")
             k = types.SimpleNamespace(
                 shared=shared, stats=fx.recast_iter(fx.Uint8, lds.stats.ptr), pslab=fx.recast_iter(fx.Uint8, lds.pslab.ptr),
                 lane=lane, col=col, wave=wave, grp=grp, seq=seq, kvh=kvh, ctx=ctx, c_qk=c_qk, hi1=hi1)
@@ -1167,7 +1173,7 @@ def paged_decode(query, key_cache, value_cache, block_tables, context_lengths, k
     float32 scales (> 0), both [1] or both [num_blocks, num_kv_heads, block_size]; ``query_length``
     defaults to rows / num_seqs; ``sliding_window`` as in ``pa_tile.reference`` (0: none);
     ``m_tiles`` caps the 16-row M-tiles per workgroup (default: all of them, so K and V are read
-    once; past two, P·V is split by head_dim).
+    once; P·V is split by head_dim across the waves).
     Validation: ``pa_tile.problem``.
     """
     launcher, args, arch = launch_args(query, key_cache, value_cache, block_tables, context_lengths, key_scale,
@@ -1281,10 +1287,9 @@ print(format_table(short))
 # ## Registers and occupancy against M-tiles per workgroup
 #
 # Measured on the compiled code (gfx942, block 16, bf16, trans-blocked V, query_length 4, group 16 =
-# 4 M-tiles): `m_tiles = 1` runs 4 workgroups per KV head with one M-tile each, `2` runs 2 of 2
-# (this chapter's earlier default), and 4 in one workgroup (the default) splits P·V by head_dim.
-# For the comparison the last row also compiles four M-tiles in the register-resident loop
-# (`WIDE_ABOVE` raised for that one build): the design the split replaces.
+# 4 M-tiles), both designs: one, two or four M-tiles per workgroup (4, 2 or 1 workgroups per KV
+# head), in the register-resident loop (compiled with `WIDE_ABOVE` raised for the comparison) and
+# with P·V split by head_dim (the default).
 
 # %%
 def compiled(arch, bs, hd, g, ql, scales="per-tensor", m_tiles=None, stage=5):
@@ -1295,38 +1300,43 @@ def compiled(arch, bs, hd, g, ql, scales="per-tensor", m_tiles=None, stage=5):
     return isa.IsaStats.from_asm(toolchain.compile_isa(launcher, *args, arch=arch))
 
 
-def register_resident(hd, m_tiles=4):
-    """Four M-tiles in the register-resident loop, for comparison (not a default)."""
+def register_resident(*args, **kw):
+    """``compiled`` with the register-resident loop at every M-tile count (a comparison, not a default)."""
     global WIDE_ABOVE
-    WIDE_ABOVE = 8
+    WIDE_ABOVE = LIMITS.max_m_tiles
     build_launcher.cache_clear()
     try:
-        return compiled("gfx942", 16, hd, 16, 4, m_tiles=m_tiles)
+        return compiled(*args, **kw)
     finally:
-        WIDE_ABOVE = 2
+        WIDE_ABOVE = 0
         build_launcher.cache_clear()
 
 
 reg_rows = []
 for hd in (64, 128, 256):
-    for mt, label in ((1, "1 per workgroup"), (2, "2 per workgroup"), (4, "4, register-resident"),
-                      (None, "4, P·V split by head_dim (default)")):
-        st = register_resident(hd) if mt == 4 else compiled("gfx942", 16, hd, 16, 4, m_tiles=mt)
-        reg_rows.append(dict(head_dim=hd, m_tiles=label, workgroups_per_kv_head=plan(hd, 16, 4, mt)[3],
-                             vgpr=st.vgpr_unified, scratch=st.scratch_bytes,
-                             waves_per_simd=isa.occupancy(st, "gfx942").waves_per_simd, lds=st.lds_bytes,
-                             loop_mfma=st.main_loop.families.get("mfma", 0),
-                             loop_barriers=st.main_loop.families.get("barrier", 0)))
+    for mt in (1, 2, 4):
+        row = dict(head_dim=hd, m_tiles_per_wg=mt, workgroups_per_kv_head=plan(hd, 16, 4, mt)[3])
+        for name, build in (("resident", register_resident), ("split", compiled)):
+            st = build("gfx942", 16, hd, 16, 4, m_tiles=mt)
+            assert st.scratch_bytes == 0
+            row.update({f"{name}_vgpr": st.vgpr_unified, f"{name}_waves": isa.occupancy(st, "gfx942").waves_per_simd,
+                        f"{name}_lds": st.lds_bytes, f"{name}_barriers": st.main_loop.families.get("barrier", 0)})
+        reg_rows.append(row)
 print(format_table(reg_rows))
 
 # %% [markdown]
-# In the register-resident loop each extra M-tile costs ~36–58 registers (head_dim 64/128): its
-# output fragment, packed P and stats; four at head_dim 128 need ~270, one wave per SIMD, which is
-# why it used to stop at two and give the other M-tiles more workgroups. Split by head_dim, four
-# M-tiles take ~210 registers at head_dim 128 (2 waves per SIMD, upstream: 246 / 2) and ~165 at
-# 64 (3 waves, upstream: 171 / 2), with K and V read once; the price is 8 barriers per tile and
-# 4 KB of LDS for the P slab. `PHASE_GROUP` is what this table chose: one M-tile per phase group
-# at head_dim 64 was the step from 2 waves per SIMD to 3 (measured: ~175 registers with four).
+# In the register-resident loop each extra M-tile costs ~36–90 registers: its output fragment,
+# packed P and stats; four at head_dim 128 need ~270, one wave per SIMD, which is why that loop
+# stopped at two M-tiles and gave the others more workgroups (each re-reading K and V). Split by
+# head_dim, the output is a quarter and the registers are fewer at **every** M-tile count: four
+# M-tiles take ~210 at head_dim 128 (2 waves per SIMD; upstream: 246 / 2) and ~165 at 64 (3
+# waves; upstream: 171 / 2), and one M-tile at head_dim 256 fits 3 waves instead of 2. The price
+# is `2·MT` barriers per tile and 2–4 KB more LDS (the P slab; all within upstream's LDS). The
+# timing model (chapter 7) predicts the split faster too, at small and large batch alike (stage 6
+# on MI300X at one and two M-tiles, batch 3 to 128: 5–20 % faster, predicted): so it is the
+# default at every M-tile count. `PHASE_GROUP` came from this table too: one M-tile per phase
+# group at head_dim 64 was the
+# step from 2 waves per SIMD to 3 (~175 registers with four per group).
 #
 # ## Against the upstream tile kernel
 #
@@ -1356,15 +1366,18 @@ assert all(r["meets"] == "yes" and r["spill"] == 0 for r in up_rows)
 # %% [markdown]
 # Registers, occupancy and LDS meet or beat upstream in all 48 configurations (all 96 with gfx950),
 # like for like: with four M-tiles (`query_length` 4, group 16) both keep all four in one
-# workgroup and read K and V once. With one M-tile it is close, and the first version of this
-# chapter was **short on 19 of the 64 configurations**. How it got under the budget is the next
-# section.
+# workgroup and read K and V once, and both split P·V by head_dim. Before that split the
+# register-resident loop had to get under upstream's budget on its own, and the first version of
+# this chapter was **short on 19 of the 64 configurations**. How it got there is the next
+# section: its three changes (V after phase A, P summed before P·V, per-token scales through
+# LDS) are in the split's loop too.
 #
 # ## Fitting upstream's register budget
 #
-# One M-tile, head_dim 128. Upstream splits head_dim across the waves for P·V, so its output
-# fragment is a quarter of ours (8 registers against 32); we keep chapter 2's wave-private `O`
-# and have to win the 24 registers back elsewhere. Where the peak was, per lane:
+# The register-resident loop, one M-tile, head_dim 128. Upstream splits head_dim across the waves
+# for P·V, so its output fragment is a quarter of ours (8 registers against 32); that loop keeps
+# chapter 2's wave-private `O` and has to win the 24 registers back elsewhere. Where the peak was,
+# per lane:
 #
 # | live at the peak | first version | now |
 # |---|---|---|
@@ -1448,13 +1461,12 @@ for bs in (16, 64):
 print(format_table(hd_rows))
 
 # %% [markdown]
-# Every per-lane array that scales with head_dim doubles: `O` 32 → 64, K and V 32 → 64 (one at a
-# time), so one M-tile's peak grows by about 70 registers to 176–190: **2 waves per SIMD instead of
-# 4**, no spill, and 5–7 KB of LDS (the merge's exchange rounds are sized to the staged query,
-# 4 KB). Three waves would need ≤ 168: the next step would be to load K (and V) in two halves of
-# head_dim per tile. Four M-tiles split by head_dim need ~275: one wave per SIMD, as upstream
-# (388 registers), with K and V read once instead of four times. The emulator check against the
-# reference is in the correctness table above and in `tests/test_stage5.py`.
+# K and V double per lane (32 → 64, one at a time) and so does the wave's quarter of `O` (8 →
+# 16), so one M-tile's peak grows by about 45 registers to 140–168: **3 waves per SIMD** (upstream:
+# 2), no spill, 8.7–10.8 KB of LDS. (The register-resident loop, whose `O` doubles 32 → 64, needed
+# 176–190 and ran 2.) Four M-tiles need ~275: one wave per SIMD, as upstream (388 registers), with
+# K and V read once. The emulator check against the reference is in the correctness table above
+# and in `tests/test_stage5.py`.
 #
 # ## What it compiles to, against chapter 2
 #
@@ -1473,11 +1485,14 @@ st5 = isa.IsaStats.from_asm(toolchain.compile_isa(l5, *a5, arch="gfx942"))
 print(isa.diff(st2, st5, labels=("stage 2", "stage 5"), mnemonics=False))
 
 # %% [markdown]
-# The loop gained the mask compares (only on the masked tiles, behind a wave-uniform branch), the
-# scalar row bookkeeping of M-tiles and two `ds_read_b128` of the staged Q (which took Q's 8
-# registers out of the loop); its global loads are the same dwordx4 K and V loads. Outside the
-# loop: the query staging (one barrier) and a merge through half the LDS in twice the rounds
-# (13 barriers against 6: once per call, not per tile).
+# 26 registers fewer and 2 KB less LDS, for 146 more instructions in the loop: the mask compares
+# (only on the masked tiles, behind a wave-uniform branch), two `ds_read_b128` of the staged Q
+# (which took Q's 8 registers out of the loop), and the head_dim split's sharing: the row max
+# to the max table and back, P to the slab and four spans' P back, two barriers, and four more
+# page-id loads (each lane needs the V page of every span). The global K and V loads are the same
+# 16 dwordx4 per lane; the P·V MFMAs the same 32 per tile (8 per d-chunk over 256 tokens instead
+# of 2 per d-chunk over 64). Outside the loop the merge is only the row sums' (no exchange of
+# `O`): 4 barriers per call against stage 2's 6.
 #
 # ## Memory traffic
 #
@@ -1501,14 +1516,18 @@ else:
     print("ran on the GPU: memory traces are recorded only by the emulator (PA_TILE_BACKEND=emu)")
 
 # %% [markdown]
-# Per lane and tile: 8 `buffer_load_dwordx4` of K (4 token rows × 2 channel halves) and 8 of V,
-# each instruction touching exactly the 64 fully used 64-byte segments of its 4 KB; two page-id
-# loads; the M-tile's Q operands, 2 `ds_read_b128` from the staged query; and the per-token scales:
-# one `buffer_load_dword` each for K and V (every lane its own token: 16 fully used segments), one
-# `ds_write2st64_b32` putting the lane's K scale and V weight into the wave's LDS slot, and 4 + 4
-# `ds_read_b128` reading them back without bank conflicts (the 16 lanes of a row band read one
-# address, a broadcast). The prologue's query loads (4 executions: one wave, one M-tile) touch
-# twice the minimum segments (each 64-byte segment is split between two lanes' channel chunks).
+# Per lane and tile: 8 `buffer_load_dwordx4` of K (4 token rows × 2 channel halves) and 8 of V
+# (the wave's 2 d-chunks in each of the 4 spans), each instruction touching exactly the 64 fully
+# used 64-byte segments of its 4 KB; five page-id loads (the K page, the V page of each span); the
+# M-tile's Q operands, 2 `ds_read_b128` from the staged query; the row max to the max table
+# (`ds_write_b32`) and the four waves' back (`ds_read_b128`); P to the slab (`ds_write_b128`) and
+# the four spans' P back (4 `ds_read_b128`), conflict free; and the per-token scales: one
+# `buffer_load_dword` each for K and V (every lane its own token: 16 fully used segments), written
+# to the wave's LDS slot and read back 4 at a time (`ds_read_b128`; the 16 lanes of a row band
+# read one address, a broadcast). The one bank conflict is the max table's write (and the row
+# sums' after the loop): the 16 rows' words `4·row + wave` fall on 8 banks twice, 8 cycles per
+# tile. The prologue's query loads (4 executions: one wave, one M-tile) touch twice the minimum
+# segments (each 64-byte segment is split between two lanes' channel chunks).
 #
 # ### K and V read once per workgroup
 #
@@ -1516,8 +1535,7 @@ else:
 # block 16, per tensor, gfx942: bytes loaded (each wave instruction's distinct bytes, summed)
 # against the compulsory bytes (K/V of the context rounded up to 256-token tiles once, the query,
 # one page id per page), with one M-tile per workgroup, with two (this chapter's earlier
-# default), and with the default plan (every M-tile in one workgroup; past two, P·V split by
-# head_dim). Below 1: the kernel stops at the last page, the compulsory count at the tile.
+# default), and with the default plan (every M-tile in one workgroup, P·V split by head_dim). Below 1: the kernel stops at the last page, the compulsory count at the tile.
 
 # %% tags=["nbval-ignore-output"]
 from pa_tile.perf import tracing  # noqa: E402
@@ -1544,8 +1562,8 @@ else:
 # %% [markdown]
 # With one M-tile per workgroup every extra 16 query rows cost a full re-read of the KV head's K
 # and V: 2x at two M-tiles, 4x at four, 8x at eight. Two per workgroup halve that. The default
-# plan reads every byte once for any row count up to 128 (MTP 4 at group 32): up to two M-tiles in
-# the register-resident loop, past two with P·V split by head_dim. `tests/test_traffic.py` pins
+# plan reads every byte once for any row count up to 128 (MTP 4 at group 32): every M-tile in
+# one workgroup, P·V split by head_dim. `tests/test_traffic.py` pins
 # these figures on the upstream test grid's shape (3 sequences of 1027 tokens, `query_length` 1–4,
 # group 8–32, both scale kinds and arches).
 #

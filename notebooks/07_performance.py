@@ -249,9 +249,8 @@ else:
 # the last page's unused tokens, page ids, the query, and for the split (`s6` at one query token,
 # group 8: two partitions) the partials the reduce reads back. Stages 3-4 prefetch K a tile ahead,
 # so they load one more tile's K (1.12x). At `query_length` 4 the M-tiles of a KV head share one
-# workgroup and its K/V reads: two M-tiles at group 8 in chapter 5's register-resident phase
-# split, four at group 16 with P·V split across the waves by head_dim (chapter 5, "Many M-tiles");
-# stage 5 alone reads K and V once at both. For `s6` the split's partials come on top: the
+# workgroup and its K/V reads (chapter 5's phase split, P·V split across the waves by head_dim):
+# stage 5 alone reads K and V once at both group sizes. For `s6` the split's partials come on top: the
 # model's partition choice at this small batch (chapter 6) reads the partials back.
 
 # %% [markdown]

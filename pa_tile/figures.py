@@ -645,7 +645,7 @@ def stage_predictions(labels: Sequence[str], series: Mapping[str, Sequence[float
 
 
 def head_dim_split_timeline(m_tiles: int = 4, group: int = 4):
-    """One tile of chapter 5's loop past two M-tiles, all four waves: phase A (K loads, each
+    """One tile of chapter 5's loop with P·V split by head_dim, all four waves: phase A (K loads, each
     M-tile's scores and row max to the max table), V loads, the max barrier, then M-tile by M-tile
     the exponentials against the workgroup's max with P to the slab, a barrier, P·V of the wave's
     own d-chunks over all four spans, and (between M-tiles of a phase group) the barrier that
@@ -690,7 +690,7 @@ def head_dim_split_timeline(m_tiles: int = 4, group: int = 4):
     handles = _patches([v[0] for v in kinds.values()], [v[1] for v in kinds.values()])
     handles += [plt.Line2D([], [], ls="-", color=OKABE_ITO[5], lw=2, label="s_barrier (whole workgroup)")]
     ax.legend(handles=handles, fontsize=FONT, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.08))
-    _style(ax, f"One tile past two M-tiles: P·V split by head_dim ({m_tiles} M-tiles, {group} per phase group)",
+    _style(ax, f"One tile with P·V split by head_dim ({m_tiles} M-tiles, {group} per phase group)",
            None, None)
     ax.set_xlabel("issue order (schematic, not to scale) →", fontsize=FONT)
     fig.tight_layout()

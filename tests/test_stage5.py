@@ -63,7 +63,7 @@ MATRIX = [
     (64, 64, 16, 2, "per-token", torch.float16, False, 37, 4),  # window, 4-wide phase split (2 real)
     (16, 256, 8, 2, "per-token", torch.bfloat16, True, 0, None),  # head_dim 256 (beyond upstream)
     (64, 256, 4, 1, "per-tensor", torch.float16, False, 50, None),
-    # past two M-tiles, P·V split by head_dim: 4 M-tiles in one phase group; 6 one at a time
+    # P·V split by head_dim (the default): 4 M-tiles in one phase group; 6 one at a time
     # (head_dim 64) with a window and plain V; 8 in two groups; head_dim 256
     (16, 128, 16, 4, "per-token", torch.bfloat16, True, 0, None),
     (64, 64, 32, 3, "per-tensor", torch.float16, False, 100, None),

@@ -13,9 +13,10 @@ scores ``D[token, row] = K·Qᵀ``, P·V with V as A and P as B so the output fr
   grid y = KV heads x M-groups) and loads the query once, staged in LDS; the last
   ``query_length`` positions are causally masked, with an optional sliding window;
 * the phase split: on K's registers each M-tile's scores, row max and fp8 P in turn, then on V's
-  every M-tile's P·V, so K and V are read once for all of a workgroup's M-tiles; past two
-  M-tiles P·V is split across the waves by head_dim (upstream's split: a shared row max and P
-  through LDS, a quarter of the output registers);
+  every M-tile's P·V, so K and V are read once for all of a workgroup's M-tiles; by default P·V
+  is split across the waves by head_dim (upstream's split: a shared row max and P through LDS, a
+  quarter of the output registers; ``WIDE_ABOVE`` keeps the register-resident loop for
+  comparison);
 * blocked K ``[nb, kvh, head_dim//16, block, 16]``, trans-blocked V ``[nb, kvh, block//16,
   head_dim, 16]`` (or plain V ``[nb, kvh, head_dim, block]``), head_dim 64/128/256, f16/bf16
   query (any row/head strides, unit channel stride), output in the query dtype;
@@ -287,7 +288,7 @@ class Spec:
         self.NH = head_dim // 64  # 64-channel halves of a K row: K chunks grp and grp + 4
         self.NCH = head_dim // 16  # 16-channel d-chunks of the output
         self.CPW = self.NCH // WAVES  # d-chunks each wave owns after the merge
-        self.WIDE = self.MT > WIDE_ABOVE  # P·V split by head_dim, P through LDS ("Many M-tiles")
+        self.WIDE = self.MT > WIDE_ABOVE  # P·V split by head_dim, P through LDS (its section)
         self.MB = PHASE_GROUP[head_dim]  # M-tiles per phase group of the head_dim split
         self.XS, self.SHARED_BYTES = exchange_slots(head_dim, self.MT)
         if self.WIDE:  # no exchange after the loop: the shared region holds only the staged query
@@ -434,8 +435,9 @@ def merge_and_write(c, lds, shared, res, rows, v_scale, outputs, seq, kvh, part,
 #: M-tiles per phase group of the head_dim split (measured, "Registers and occupancy")
 PHASE_GROUP = {64: 1, 128: 4, 256: 4}
 #: up to this many M-tiles per workgroup the loop stays register-resident (no barrier); past it
-#: P·V is split by head_dim
-WIDE_ABOVE = 2
+#: P·V is split by head_dim. 0: always split, the measured default ("Registers and occupancy":
+#: fewer registers at every M-tile count, and the timing model predicts it faster)
+WIDE_ABOVE = 0
 
 
 class WidePages(LanePages):
@@ -686,7 +688,7 @@ def make_kernel(c):
             sc_lds = fx.recast_iter(fx.Uint8, lds.scales.ptr)
             sc_k = wave * (2 * WAVE * 4)  # this wave's 64 K scales, then its 64 V weights
             sc_v = sc_k + WAVE * 4
-        if const_expr(c.WIDE):  # past two M-tiles: P·V split by head_dim ("Many M-tiles")
+        if const_expr(c.WIDE):  # P·V split by head_dim ("The head_dim split of P·V")
             k = types.SimpleNamespace(
                 shared=shared, stats=fx.recast_iter(fx.Uint8, lds.stats.ptr), pslab=fx.recast_iter(fx.Uint8, lds.pslab.ptr),
                 lane=lane, col=col, wave=wave, grp=grp, seq=seq, kvh=kvh, ctx=ctx, c_qk=c_qk, hi1=hi1)
@@ -809,7 +811,7 @@ def paged_decode(query, key_cache, value_cache, block_tables, context_lengths, k
     float32 scales (> 0), both [1] or both [num_blocks, num_kv_heads, block_size]; ``query_length``
     defaults to rows / num_seqs; ``sliding_window`` as in ``pa_tile.reference`` (0: none);
     ``m_tiles`` caps the 16-row M-tiles per workgroup (default: all of them, so K and V are read
-    once; past two, P·V is split by head_dim).
+    once; P·V is split by head_dim across the waves).
     Validation: ``pa_tile.problem``.
     """
     launcher, args, arch = launch_args(query, key_cache, value_cache, block_tables, context_lengths, key_scale,
