@@ -1335,8 +1335,8 @@ print(format_table(reg_rows))
 # timing model (chapter 7) predicts the split faster too, at small and large batch alike (stage 6
 # on MI300X at one and two M-tiles, batch 3 to 128: 5–20 % faster, predicted): so it is the
 # default at every M-tile count. `PHASE_GROUP` came from this table too: one M-tile per phase
-# group at head_dim 64 was the
-# step from 2 waves per SIMD to 3 (~175 registers with four per group).
+# group at head_dim 64 was the step from 2 waves per SIMD to 3 (~175 registers with four per
+# group).
 #
 # ## Against the upstream tile kernel
 #

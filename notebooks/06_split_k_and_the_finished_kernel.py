@@ -493,15 +493,16 @@ else:
 # At small batch the rule of thumb was the expensive one: 3 sequences of 1027 tokens with 64
 # query rows per KV head got no split at all (the budget allows none at 64 rows), and the model
 # predicts one partition per tile about 1.6x faster on both GPUs; the chapter's own ragged set (4 ×
-# 1027, 8 rows) goes from 2 partitions to 5, about 1.7x (predicted). The price is bytes: each
+# 1027, 8 rows) goes from 2 partitions to 5, about 1.5x (predicted). The price is bytes: each
 # partition re-reads the query and its page ids and the reduce reads the partials back, +8 % of
 # the loads at 8 rows, and at 64 rows 1.58x the compulsory bytes instead of 0.96x unsplit (K and V
 # are read once either way; `tests/test_traffic.py` pins both), which these latency-bound small
 # launches can afford. At 16 × 8 KV heads × 32k the model splits a little less than the rule on
 # MI300X (8 against 10; its own argmin is 9, a grid-lookup miss) and the same on MI355X. At
-# 152 × 8 × 32k (4 workgroups per CU unsplit) the two part ways: the table picks 4 on MI300X,
-# which the model itself predicts a hair slower than no split (its argmin), and 3 on MI355X where
-# its argmin is 5: the grid-lookup misses described above. (All of these are MODEL predictions.)
+# 152 × 8 × 32k (4 workgroups per CU unsplit) the two part ways: on MI355X the model splits
+# 5-way (its argmin) to even out the last wave of workgroups; on MI300X the table picks 8, which
+# the model itself predicts a hair slower than no split (its argmin): the grid-lookup miss
+# described above. (All of these are MODEL predictions.)
 #
 # ## The workspace
 #

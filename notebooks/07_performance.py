@@ -351,10 +351,9 @@ plt.show()
 # confirm or refute. Against upstream's tile kernel on the same work, compare the MI308X bars
 # (the part its time was measured on), prediction with prediction: the model lands within a few
 # percent of upstream's measured time there (printed above; that point is one of the fit
-# points), and it puts stage 6 **above** upstream's predicted time on that 80-CU part (with the
-# 16 partitions stage 6 would choose there). By the model, then, upstream's kernel is still the
-# faster one at this shape: the gap is per-tile work, not the split, and closing it is open work.
-# Neither bar is a measurement of ours.
+# points), and it puts stage 6, with the 16 partitions it would choose on that 80-CU part, about
+# 10 % below upstream's predicted time. That is a model's ranking inside its own error bar, not a
+# win: neither bar is a measurement of ours.
 #
 # ## 5 · Timings (ROCm GPU only)
 #
