@@ -58,25 +58,29 @@ EXPECTED = {
     ("s4", "gfx950"): dict(loop_static=315, per_tile=860, k_coalescing=1.000, v_coalescing=1.000,
                            k_bytes_per_load=1024, v_bytes_per_load=1024, kv_bytes_per_tile=65536,
                            lds_degree=1, lds_cycles_per_tile=0.0),
-    # s5: phase-split MTP / wide-GQA kernel at ql 1, group 8 (one M-tile). Since the query is staged
-    # in LDS once per workgroup, the loop reads Q back each tile (2 ds_read_b128: 8 fewer static
-    # instructions, 8 fewer registers) and P's exponent carries a margin against fp8 overflow at
-    # large scores (one fma per row and tile).
-    ("s5", "gfx942"): dict(loop_static=271, per_tile=688, k_coalescing=1.000, v_coalescing=1.000,
+    # s5: phase-split MTP / wide-GQA kernel at ql 1, group 8 (one M-tile), P·V split across the
+    # waves by head_dim (chapter 5). Against the register-resident loop it replaced (271 / 281
+    # static, 688 / 728 per tile, no conflict cycles) the loop carries the split's sharing: the row
+    # max to a table and back, P to the slab and four spans' P back, two barriers, and the V page
+    # id of every span (415 / 425 static, 848 / 888 per tile), for 12 fewer registers (98 / 4 waves)
+    # and a model-predicted faster stage 6. The max table's write puts the 16 rows' words on 8
+    # banks twice: degree 2, 8 cycles a tile.
+    ("s5", "gfx942"): dict(loop_static=415, per_tile=848, k_coalescing=1.000, v_coalescing=1.000,
                            k_bytes_per_load=1024, v_bytes_per_load=1024, kv_bytes_per_tile=65536,
-                           lds_degree=2, lds_cycles_per_tile=0.0),
-    ("s5", "gfx950"): dict(loop_static=281, per_tile=728, k_coalescing=1.000, v_coalescing=1.000,
+                           lds_degree=2, lds_cycles_per_tile=8.0),
+    ("s5", "gfx950"): dict(loop_static=425, per_tile=888, k_coalescing=1.000, v_coalescing=1.000,
                            k_bytes_per_load=1024, v_bytes_per_load=1024, kv_bytes_per_tile=65536,
-                           lds_degree=2, lds_cycles_per_tile=0.0),
+                           lds_degree=2, lds_cycles_per_tile=8.0),
     # s6: s5's kernel split into the partitions the timing model's table picks (1024 tokens: 4,
-    # 2048: 8, one per tile) plus the reduce: per tile it executes ~3.6x s5's instructions (each
-    # partition's prologue, merge, bounded descriptors and partial store, and the reduce), the
-    # price of spreading one sequence over more CUs. Each partition's merge through half the LDS
-    # adds the 16 conflict cycles a tile.
-    ("s6", "gfx942"): dict(loop_static=271, per_tile=2496, k_coalescing=1.000, v_coalescing=1.000,
+    # 2048: 8, one per tile) plus the reduce: per tile it executes ~2.6x s5's instructions (each
+    # partition's prologue, merge of the row sums, bounded descriptors and partial store, and the
+    # reduce), the price of spreading one sequence over more CUs: fewer than the 2496 / 2557 of
+    # the register-resident loop, whose merge exchanged O. With one tile per partition the max
+    # table's 8 conflict cycles and the row sums' 8 (the same table after the loop) are 16 a tile.
+    ("s6", "gfx942"): dict(loop_static=414, per_tile=2192, k_coalescing=1.000, v_coalescing=1.000,
                            k_bytes_per_load=1024, v_bytes_per_load=1024, kv_bytes_per_tile=65536,
                            lds_degree=2, lds_cycles_per_tile=16.0),
-    ("s6", "gfx950"): dict(loop_static=281, per_tile=2557, k_coalescing=1.000, v_coalescing=1.000,
+    ("s6", "gfx950"): dict(loop_static=424, per_tile=2253, k_coalescing=1.000, v_coalescing=1.000,
                            k_bytes_per_load=1024, v_bytes_per_load=1024, kv_bytes_per_tile=65536,
                            lds_degree=2, lds_cycles_per_tile=16.0),
 }
