@@ -195,14 +195,16 @@ plt.show()
 #   loads are as wide and as dense as the ISA allows. All stages request exactly the 64 KiB of
 #   K and V a tile holds per KV head, nothing more.
 # * **LDS.** Stage 1's softmax round trip hits 16-way bank conflicts inside the loop, thousands
-#   of stall cycles per tile. From stage 2 the loop has no LDS access (stage 5's per-token path
-#   adds a wave-private scale slot, conflict free, no barrier); the merge after it is
-#   2-way conflicted (stage 4 pads its table and makes it conflict free; stages 5 and 6 keep
-#   stage 2's merge, and stage 6 pays it once per partition: 8 cycles per tile).
+#   of stall cycles per tile. Stages 2-4 have no LDS access in the loop; the merge after it is
+#   2-way conflicted (stage 4 pads its table and makes it conflict free). Stage 5 splits P·V
+#   across the waves by head_dim, so its loop shares the row max and P through LDS every tile:
+#   the P slab is conflict free, the max table's write 2-way (8 cycles per tile), and stage 6
+#   pays the row sums' merge through the same table once per partition.
 # * **Executed work.** Stage 1 executes ~3200 wave-instructions per tile; stage 2 about 750
-#   (4x less), stage 3 adds ~20% for its pipelining bookkeeping, stage 5 is the leanest (~700).
-#   Stage 6 splits a sequence into partitions of two tiles, each with its own prologue, merge
-#   and partial store, plus a reduce: about twice stage 5's instructions per tile at batch 1.
+#   (4x less), stage 3 adds ~20% for its pipelining bookkeeping; stage 5's head_dim split adds
+#   its sharing (~850, for fewer registers). Stage 6 splits a sequence into partitions of one or
+#   two tiles, each with its own prologue, merge and partial store, plus a reduce: about 2.6x
+#   stage 5's instructions per tile at batch 1.
 #   That is the price of putting more CUs on one sequence; whether it pays is a question of
 #   parallelism, which only a GPU timing answers.
 #
