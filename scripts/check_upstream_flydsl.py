@@ -1,6 +1,6 @@
 """Run FlyDSL's own examples in pa_tile's emulator, on CPU tensors, for gfx942 and gfx950.
 
-Usage: python scripts/check_upstream_flydsl.py /path/to/FlyDSL-checkout [example.py ... | --kernels [warn] |
+Usage: python scripts/check_upstream_flydsl.py [-h | --help] /path/to/FlyDSL-checkout [example.py ... | --kernels [warn] |
        --tests test_file.py ... [-k SUBSTR ...] [--set NAME=VALUE ...] [--arch ARCH] [--lds-races warn]
        [--skip SUBSTR ...] [--lds-oob hardware] [--quantum N] [--timeout SECONDS] [--dump-asm DIR]]
 
@@ -408,9 +408,9 @@ def _run_file(root, rel, arch, lds_races, select, overrides, subs=(), dump_asm=N
 
 
 def main(argv):
-    if not argv:
+    if not argv or argv[0] in ("-h", "--help"):
         print(__doc__)
-        return 2
+        return 0 if argv else 2
     root = Path(argv[0])
     from pa_tile import backend
 

@@ -27,3 +27,11 @@ def test_a_test_module_with_a_dataclass_loads_and_runs(tmp_path, capsys, monkeyp
     out = capsys.readouterr().out
     assert "not loaded" not in out
     assert "test_dc.py::test_shape gfx942: PASS" in out
+
+
+def test_help_prints_the_usage_instead_of_taking_it_for_a_checkout(capsys):
+    # ``--help`` used to be read as the checkout path and died on '--help/examples/01-vectorAdd.py'
+    h = _harness()
+    assert h.main(["--help"]) == 0 and h.main(["-h"]) == 0
+    assert capsys.readouterr().out.count("Usage: python scripts/check_upstream_flydsl.py") == 2
+    assert h.main([]) == 2
