@@ -138,7 +138,8 @@ def run_kernels(root: Path, lds_races: str = "raise") -> None:
 
 # ----------------------------------------------------------------------------- test modules
 # ``--tests file.py ...``: a FlyDSL pytest module read with the same CUDA -> CPU mapping (and
-# ``torch.cuda.is_available()`` answering True, so GPU-only tests are not skipped); every test
+# ``torch.cuda.is_available()`` answering True, so GPU-only tests are not skipped, and
+# ``torch.cuda.mem_get_info()`` the host's free/total memory); every test
 # function is called once per ``pytest.mark.parametrize`` combination. Fixtures are not provided:
 # tests that need them are reported as such.
 
@@ -239,6 +240,14 @@ def _stub_triton() -> None:
     sys.modules["triton"], sys.modules["triton.language"] = tr, tr.language
 
 
+def _host_mem_info(*_a, **_k):
+    """``torch.cuda.mem_get_info()`` answered for the host: (free, total) bytes of physical
+    memory, which is where the emulated device's tensors live (a test checking that a rejected
+    input was not materialized compares two of these)."""
+    page = os.sysconf("SC_PAGE_SIZE")
+    return os.sysconf("SC_AVPHYS_PAGES") * page, os.sysconf("SC_PHYS_PAGES") * page
+
+
 def run_tests(root: Path, files, lds_races: str = "raise", select=(), overrides=None, archs=("gfx942", "gfx950"),
               subs=(), dump_asm=None, skip=(), timeout=0, quantum=None) -> None:
     import inspect
@@ -256,6 +265,7 @@ def run_tests(root: Path, files, lds_races: str = "raise", select=(), overrides=
     torch.cuda.current_stream = lambda *a, **k: None
     torch.Tensor.cuda = lambda self, *a, **k: self
     torch.cuda.device = lambda *a, **k: contextlib.nullcontext()   # launchers pin the tensor's device
+    torch.cuda.mem_get_info = _host_mem_info   # under the emulator host memory is device memory
     # launchers and references assert ``t.is_cuda``; here the CPU is the device
     torch.Tensor.is_cuda = property(lambda self: self.device.type in ("cpu", "cuda"))
     sys.path.insert(0, str(root))

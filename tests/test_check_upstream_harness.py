@@ -35,3 +35,10 @@ def test_help_prints_the_usage_instead_of_taking_it_for_a_checkout(capsys):
     assert h.main(["--help"]) == 0 and h.main(["-h"]) == 0
     assert capsys.readouterr().out.count("Usage: python scripts/check_upstream_flydsl.py") == 2
     assert h.main([]) == 2
+
+
+def test_mem_get_info_reports_host_memory():
+    # FlyDSL's flash-attention launcher test compares torch.cuda.mem_get_info() before and after
+    # a rejected launch; under the emulator the device's memory is the host's
+    free, total = _harness()._host_mem_info()
+    assert 0 < free <= total
