@@ -20,7 +20,7 @@ emulator measures no time).
 A check of the emulator's reach, not part of the test suite. Nothing of FlyDSL is copied: each
 example file is read from the given checkout and executed with its CUDA device strings mapped to
 CPU at run time (``"cuda"`` -> ``"cpu"``, ``torch.cuda.Stream()`` -> the default stream,
-``torch.cuda.current_stream()`` -> the default stream, ``torch.cuda.synchronize()`` -> no-op); the example's own PASS/FAIL check decides. Prints one
+``torch.cuda.current_stream()`` -> the null stream, ``cuda_stream`` 0, ``torch.cuda.synchronize()`` -> no-op); the example's own PASS/FAIL check decides. Prints one
 line per example and arch: PASS, FAIL, or the first error line.
 """
 
@@ -41,6 +41,24 @@ DEFAULT = ["examples/01-vectorAdd.py", "examples/02-tiledCopy.py", "examples/03-
            "examples/extension/coop/01-warp_collectives.py", "examples/extension/coop/02-block_scan.py"]
 
 
+class _HostStream:
+    """What ``torch.cuda.current_stream()`` returns here: the null stream (``cuda_stream`` 0,
+    which FlyDSL's ``fx.Stream`` takes like ``None``); work is synchronous, so it orders nothing.
+    Launchers that pass ``torch.cuda.current_stream(i).cuda_stream`` (FlyDSL's norm wrappers
+    do, when torch has no ``_cuda_getCurrentRawStream``) need the attribute."""
+
+    cuda_stream = 0
+
+    def synchronize(self):
+        pass
+
+    def wait_stream(self, other):
+        pass
+
+
+_HOST_STREAM = _HostStream()
+
+
 def _cpu_source(text: str) -> str:
     text = re.sub(r"torch\.cuda\.Stream\(\)", "None", text)
     return text.replace('"cuda"', '"cpu"').replace("'cuda'", "'cpu'")
@@ -56,7 +74,7 @@ def run_one(root: Path, rel: str, arch: str) -> str:
     out = io.StringIO()
     torch.cuda.synchronize = lambda *a, **k: None
     torch.Tensor.cuda = lambda self, *a, **k: self
-    torch.cuda.current_stream = lambda *a, **k: None
+    torch.cuda.current_stream = lambda *a, **k: _HOST_STREAM
     sys.path.insert(0, str(root))
     try:
         with toolchain.target_arch(arch), contextlib.redirect_stdout(out):
@@ -248,6 +266,20 @@ def _host_mem_info(*_a, **_k):
     return os.sysconf("SC_AVPHYS_PAGES") * page, os.sysconf("SC_PHYS_PAGES") * page
 
 
+def _host_torch_cuda(torch) -> None:
+    """``torch.cuda``'s host API answered for one device whose memory is the host's (the CPU
+    tensors the tests make): available, synchronous, the null stream, device 0."""
+    torch.cuda.is_available = lambda: True
+    torch.cuda.synchronize = lambda *a, **k: None
+    torch.cuda.current_stream = lambda *a, **k: _HOST_STREAM
+    torch.Tensor.cuda = lambda self, *a, **k: self
+    torch.cuda.device = lambda *a, **k: contextlib.nullcontext()   # launchers pin the tensor's device
+    torch.cuda.mem_get_info = _host_mem_info   # under the emulator host memory is device memory
+    torch.cuda.current_device = lambda: 0        # one device; a CPU tensor's device.index is None
+    # launchers and references assert ``t.is_cuda``; here the CPU is the device
+    torch.Tensor.is_cuda = property(lambda self: self.device.type in ("cpu", "cuda"))
+
+
 def run_tests(root: Path, files, lds_races: str = "raise", select=(), overrides=None, archs=("gfx942", "gfx950"),
               subs=(), dump_asm=None, skip=(), timeout=0, quantum=None) -> None:
     import inspect
@@ -259,15 +291,8 @@ def run_tests(root: Path, files, lds_races: str = "raise", select=(), overrides=
     from pa_tile.emu import launch
 
     overrides = overrides or {}
-    torch.cuda.is_available = lambda: True
     _cpu_factories(torch)
-    torch.cuda.synchronize = lambda *a, **k: None
-    torch.cuda.current_stream = lambda *a, **k: None
-    torch.Tensor.cuda = lambda self, *a, **k: self
-    torch.cuda.device = lambda *a, **k: contextlib.nullcontext()   # launchers pin the tensor's device
-    torch.cuda.mem_get_info = _host_mem_info   # under the emulator host memory is device memory
-    # launchers and references assert ``t.is_cuda``; here the CPU is the device
-    torch.Tensor.is_cuda = property(lambda self: self.device.type in ("cpu", "cuda"))
+    _host_torch_cuda(torch)
     sys.path.insert(0, str(root))
     try:
         import pandas  # noqa: F401

@@ -42,3 +42,26 @@ def test_mem_get_info_reports_host_memory():
     # a rejected launch; under the emulator the device's memory is the host's
     free, total = _harness()._host_mem_info()
     assert 0 < free <= total
+
+
+def test_current_stream_has_a_raw_handle_and_current_device_is_zero(tmp_path, capsys, monkeypatch):
+    # FlyDSL's rmsnorm wrappers launch with torch.cuda.current_stream(i).cuda_stream and compare
+    # torch.cuda.current_device() with the tensor's device; both raised on a CPU torch
+    import torch
+
+    (tmp_path / "test_st.py").write_text(
+        "import torch\n\n"
+        "def test_stream():\n"
+        "    assert torch.cuda.current_stream(None).cuda_stream == 0\n"
+        "    torch.cuda.current_stream().synchronize()\n"
+        "    assert torch.cuda.current_device() == 0 and torch.cuda.is_available()\n")
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    for name in ("current_stream", "current_device", "mem_get_info", "is_available", "synchronize", "device"):
+        monkeypatch.setattr(torch.cuda, name, getattr(torch.cuda, name))
+    for name in ("cuda", "is_cuda"):
+        monkeypatch.setattr(torch.Tensor, name, getattr(torch.Tensor, name))
+    h = _harness()
+    h._host_torch_cuda(torch)
+    h._run_file(tmp_path, "test_st.py", "gfx942", "raise", (), {})
+    sys.modules.pop("upstream_test", None)
+    assert "test_st.py::test_stream gfx942: PASS" in capsys.readouterr().out
