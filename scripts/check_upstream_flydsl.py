@@ -49,6 +49,9 @@ class _HostStream:
 
     cuda_stream = 0
 
+    def __init__(self, *args, **kwargs):   # torch.cuda.Stream(device=...) makes one too
+        pass
+
     def synchronize(self):
         pass
 
@@ -158,8 +161,9 @@ def run_kernels(root: Path, lds_races: str = "raise") -> None:
 # ``--tests file.py ...``: a FlyDSL pytest module read with the same CUDA -> CPU mapping (and
 # ``torch.cuda.is_available()`` answering True, so GPU-only tests are not skipped, and
 # ``torch.cuda.mem_get_info()`` the host's free/total memory); every test
-# function is called once per ``pytest.mark.parametrize`` combination. Fixtures are not provided:
-# tests that need them are reported as such.
+# function is called once per ``pytest.mark.parametrize`` combination. Of the fixtures only
+# pytest's ``monkeypatch`` and ``tmp_path`` are provided (``FIXTURES``); tests that need others
+# are reported as such.
 
 def _cpu_factories(torch) -> None:
     """Helper modules imported by the tests are not rewritten; their tensor factories get
@@ -276,6 +280,10 @@ def _host_torch_cuda(torch) -> None:
     torch.cuda.device = lambda *a, **k: contextlib.nullcontext()   # launchers pin the tensor's device
     torch.cuda.mem_get_info = _host_mem_info   # under the emulator host memory is device memory
     torch.cuda.current_device = lambda: 0        # one device; a CPU tensor's device.index is None
+    # streams of a synchronous device: each launch completes before the next starts, so two
+    # "overlapping" streams run one after the other here
+    torch.cuda.Stream = _HostStream
+    torch.cuda.stream = lambda *a, **k: contextlib.nullcontext()
     # launchers and references assert ``t.is_cuda``; here the CPU is the device
     torch.Tensor.is_cuda = property(lambda self: self.device.type in ("cpu", "cuda"))
 
@@ -353,6 +361,28 @@ def _dump(launches, where, arch):
 LDS_OOB = "raise"   # --lds-oob hardware: LDS over-reads read 0 (as on a GPU) instead of faulting
 
 
+class _TmpPath(contextlib.AbstractContextManager):
+    def __enter__(self):
+        import tempfile
+
+        self._dir = tempfile.TemporaryDirectory(prefix="upstream_")
+        return Path(self._dir.name)
+
+    def __exit__(self, *exc):
+        self._dir.cleanup()
+        return False
+
+
+def _monkeypatch():
+    import pytest
+
+    return pytest.MonkeyPatch.context()
+
+
+# pytest's built-in fixtures the upstream tests take, each a context manager per case (undone after it)
+FIXTURES = {"monkeypatch": _monkeypatch, "tmp_path": _TmpPath}
+
+
 class CaseTimeout(Exception):
     pass
 
@@ -402,7 +432,8 @@ def _run_file(root, rel, arch, lds_races, select, overrides, subs=(), dump_asm=N
             if key in seen:
                 continue
             seen.add(key)
-            missing = [p for p, d in params.items() if p not in kw and d.default is inspect.Parameter.empty]
+            missing = [p for p, d in params.items()
+                       if p not in kw and p not in FIXTURES and d.default is inspect.Parameter.empty]
             label = f"{rel}::{name}{'[' + ','.join(map(str, kw.values())) + ']' if kw else ''} {arch}"
             if select and not all(k in label for k in select) or any(k in label for k in skip):
                 continue
@@ -418,9 +449,9 @@ def _run_file(root, rel, arch, lds_races, select, overrides, subs=(), dump_asm=N
             try:
                 with toolchain.target_arch(arch), contextlib.redirect_stdout(captured), \
                         launch.launch_options(lds_races=lds_races, quantum=quantum, lds_oob=LDS_OOB), _raw_pointer_regions(), \
-                        launch.record_launches() as launches:
+                        launch.record_launches() as launches, contextlib.ExitStack() as fixtures:
                     try:
-                        fn(**kw)
+                        fn(**kw, **{p: fixtures.enter_context(FIXTURES[p]()) for p in params if p in FIXTURES and p not in kw})
                     finally:
                         if dump_asm:
                             _dump(launches, dump_asm, arch)

@@ -65,3 +65,39 @@ def test_current_stream_has_a_raw_handle_and_current_device_is_zero(tmp_path, ca
     h._run_file(tmp_path, "test_st.py", "gfx942", "raise", (), {})
     sys.modules.pop("upstream_test", None)
     assert "test_st.py::test_stream gfx942: PASS" in capsys.readouterr().out
+
+
+def test_monkeypatch_and_tmp_path_fixtures_are_provided_and_undone(tmp_path, capsys, monkeypatch):
+    # FlyDSL's test_rmsnorm_bwd_two_stage_cache_reuse_across_m takes pytest's monkeypatch
+    import os as _os
+
+    (tmp_path / "test_fx.py").write_text(
+        "import os\n\n"
+        "def test_fx(monkeypatch, tmp_path):\n"
+        "    monkeypatch.setenv('PA_TILE_HARNESS_PROBE', '1')\n"
+        "    (tmp_path / 'f').write_text('x')\n"
+        "    assert os.environ['PA_TILE_HARNESS_PROBE'] == '1'\n\n"
+        "def test_other(capfd):\n"
+        "    pass\n")
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    _harness()._run_file(tmp_path, "test_fx.py", "gfx942", "raise", (), {})
+    sys.modules.pop("upstream_test", None)
+    out = capsys.readouterr().out
+    assert "test_fx.py::test_fx gfx942: PASS" in out
+    assert "test_fx.py::test_other gfx942: not run (needs fixtures ['capfd'])" in out
+    assert "PA_TILE_HARNESS_PROBE" not in _os.environ
+
+
+def test_streams_are_host_streams(monkeypatch):
+    import torch
+
+    for name in ("current_stream", "current_device", "mem_get_info", "is_available", "synchronize", "device",
+                 "Stream", "stream"):
+        monkeypatch.setattr(torch.cuda, name, getattr(torch.cuda, name))
+    for name in ("cuda", "is_cuda"):
+        monkeypatch.setattr(torch.Tensor, name, getattr(torch.Tensor, name))
+    _harness()._host_torch_cuda(torch)
+    s = torch.cuda.Stream(device=torch.device("cuda", 0))
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        assert s.cuda_stream == 0
