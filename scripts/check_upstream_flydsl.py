@@ -272,14 +272,17 @@ def _host_mem_info(*_a, **_k):
 
 def _host_torch_cuda(torch) -> None:
     """``torch.cuda``'s host API answered for one device whose memory is the host's (the CPU
-    tensors the tests make): available, synchronous, the null stream, device 0."""
+    tensors the tests make): available, synchronous, the null stream, the CPU's device index."""
     torch.cuda.is_available = lambda: True
     torch.cuda.synchronize = lambda *a, **k: None
     torch.cuda.current_stream = lambda *a, **k: _HOST_STREAM
     torch.Tensor.cuda = lambda self, *a, **k: self
     torch.cuda.device = lambda *a, **k: contextlib.nullcontext()   # launchers pin the tensor's device
     torch.cuda.mem_get_info = _host_mem_info   # under the emulator host memory is device memory
-    torch.cuda.current_device = lambda: 0        # one device; a CPU tensor's device.index is None
+    # one device, the one the CPU tensors are on: its index is theirs (None), so a test's
+    # torch.device("cuda" -> "cpu", torch.cuda.current_device()) equals their .device (FlyDSL's
+    # rmsnorm launcher caches are keyed by it)
+    torch.cuda.current_device = lambda: None
     # streams of a synchronous device: each launch completes before the next starts, so two
     # "overlapping" streams run one after the other here
     torch.cuda.Stream = _HostStream

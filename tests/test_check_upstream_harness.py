@@ -44,9 +44,10 @@ def test_mem_get_info_reports_host_memory():
     assert 0 < free <= total
 
 
-def test_current_stream_has_a_raw_handle_and_current_device_is_zero(tmp_path, capsys, monkeypatch):
+def test_current_stream_has_a_raw_handle_and_current_device_is_the_tensors_device(tmp_path, capsys, monkeypatch):
     # FlyDSL's rmsnorm wrappers launch with torch.cuda.current_stream(i).cuda_stream and compare
-    # torch.cuda.current_device() with the tensor's device; both raised on a CPU torch
+    # torch.cuda.current_device() with the tensor's device (both raised on a CPU torch); its
+    # two-stage cache test keys by torch.device("cuda", current_device()), which must be x.device
     import torch
 
     (tmp_path / "test_st.py").write_text(
@@ -54,7 +55,9 @@ def test_current_stream_has_a_raw_handle_and_current_device_is_zero(tmp_path, ca
         "def test_stream():\n"
         "    assert torch.cuda.current_stream(None).cuda_stream == 0\n"
         "    torch.cuda.current_stream().synchronize()\n"
-        "    assert torch.cuda.current_device() == 0 and torch.cuda.is_available()\n")
+        "    assert torch.cuda.is_available()\n"
+        "    d = torch.device('cuda', torch.cuda.current_device())\n"
+        "    assert torch.randn(2, device='cuda').device == d\n")
     monkeypatch.setattr(sys, "path", list(sys.path))
     for name in ("current_stream", "current_device", "mem_get_info", "is_available", "synchronize", "device"):
         monkeypatch.setattr(torch.cuda, name, getattr(torch.cuda, name))
