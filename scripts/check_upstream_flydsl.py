@@ -386,8 +386,11 @@ def _monkeypatch():
 FIXTURES = {"monkeypatch": _monkeypatch, "tmp_path": _TmpPath}
 
 
-class CaseTimeout(Exception):
-    pass
+class CaseTimeout(BaseException):
+    """Raised by the --timeout alarm wherever the case is. Not an ``Exception``, like
+    ``KeyboardInterrupt``: the emulator reports an ``Exception`` from inside an instruction as an
+    "internal emulator error", which a timeout is not (pa_tile.emu's launch boundary passes any
+    ``BaseException`` through to the @flyc.jit call)."""
 
 
 def _alarm(signum, frame):

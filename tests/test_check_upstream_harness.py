@@ -104,3 +104,23 @@ def test_streams_are_host_streams(monkeypatch):
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
         assert s.cuda_stream == 0
+
+
+def test_a_case_timeout_is_not_reported_as_an_emulator_error(tmp_path, capsys, monkeypatch):
+    # FlyDSL's test_softmax_bwd_large_shape ran past --timeout inside an instruction and was
+    # reported as "internal emulator error CaseTimeout"; the alarm now passes through as itself
+    (tmp_path / "test_slow.py").write_text(
+        "def test_slow():\n"
+        "    try:\n"
+        "        while True:\n"
+        "            pass\n"
+        "    except Exception:\n"
+        "        raise RuntimeError('wrapped')\n")
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    h = _harness()
+    assert not issubclass(h.CaseTimeout, Exception)
+    h._run_file(tmp_path, "test_slow.py", "gfx942", "raise", (), {}, timeout=1)
+    sys.modules.pop("upstream_test", None)
+    out = capsys.readouterr().out
+    assert "test_slow.py::test_slow gfx942: FAIL " in out and "CaseTimeout: case ran past --timeout" in out
+    assert "wrapped" not in out
