@@ -1,6 +1,6 @@
 """Run FlyDSL's own examples in pa_tile's emulator, on CPU tensors, for gfx942 and gfx950.
 
-Usage: python scripts/check_upstream_flydsl.py /path/to/FlyDSL-checkout [example.py ... | --kernels [warn] |
+Usage: python scripts/check_upstream_flydsl.py [-h | --help] /path/to/FlyDSL-checkout [example.py ... | --kernels [warn] |
        --tests test_file.py ... [-k SUBSTR ...] [--set NAME=VALUE ...] [--arch ARCH] [--lds-races warn]
        [--skip SUBSTR ...] [--lds-oob hardware] [--quantum N] [--timeout SECONDS] [--dump-asm DIR]]
 
@@ -20,7 +20,7 @@ emulator measures no time).
 A check of the emulator's reach, not part of the test suite. Nothing of FlyDSL is copied: each
 example file is read from the given checkout and executed with its CUDA device strings mapped to
 CPU at run time (``"cuda"`` -> ``"cpu"``, ``torch.cuda.Stream()`` -> the default stream,
-``torch.cuda.current_stream()`` -> the default stream, ``torch.cuda.synchronize()`` -> no-op); the example's own PASS/FAIL check decides. Prints one
+``torch.cuda.current_stream()`` -> the null stream, ``cuda_stream`` 0, ``torch.cuda.synchronize()`` -> no-op); the example's own PASS/FAIL check decides. Prints one
 line per example and arch: PASS, FAIL, or the first error line.
 """
 
@@ -41,6 +41,27 @@ DEFAULT = ["examples/01-vectorAdd.py", "examples/02-tiledCopy.py", "examples/03-
            "examples/extension/coop/01-warp_collectives.py", "examples/extension/coop/02-block_scan.py"]
 
 
+class _HostStream:
+    """What ``torch.cuda.current_stream()`` returns here: the null stream (``cuda_stream`` 0,
+    which FlyDSL's ``fx.Stream`` takes like ``None``); work is synchronous, so it orders nothing.
+    Launchers that pass ``torch.cuda.current_stream(i).cuda_stream`` (FlyDSL's norm wrappers
+    do, when torch has no ``_cuda_getCurrentRawStream``) need the attribute."""
+
+    cuda_stream = 0
+
+    def __init__(self, *args, **kwargs):   # torch.cuda.Stream(device=...) makes one too
+        pass
+
+    def synchronize(self):
+        pass
+
+    def wait_stream(self, other):
+        pass
+
+
+_HOST_STREAM = _HostStream()
+
+
 def _cpu_source(text: str) -> str:
     text = re.sub(r"torch\.cuda\.Stream\(\)", "None", text)
     return text.replace('"cuda"', '"cpu"').replace("'cuda'", "'cpu'")
@@ -56,7 +77,7 @@ def run_one(root: Path, rel: str, arch: str) -> str:
     out = io.StringIO()
     torch.cuda.synchronize = lambda *a, **k: None
     torch.Tensor.cuda = lambda self, *a, **k: self
-    torch.cuda.current_stream = lambda *a, **k: None
+    torch.cuda.current_stream = lambda *a, **k: _HOST_STREAM
     sys.path.insert(0, str(root))
     try:
         with toolchain.target_arch(arch), contextlib.redirect_stdout(out):
@@ -138,9 +159,11 @@ def run_kernels(root: Path, lds_races: str = "raise") -> None:
 
 # ----------------------------------------------------------------------------- test modules
 # ``--tests file.py ...``: a FlyDSL pytest module read with the same CUDA -> CPU mapping (and
-# ``torch.cuda.is_available()`` answering True, so GPU-only tests are not skipped); every test
-# function is called once per ``pytest.mark.parametrize`` combination. Fixtures are not provided:
-# tests that need them are reported as such.
+# ``torch.cuda.is_available()`` answering True, so GPU-only tests are not skipped, and
+# ``torch.cuda.mem_get_info()`` the host's free/total memory); every test
+# function is called once per ``pytest.mark.parametrize`` combination. Of the fixtures only
+# pytest's ``monkeypatch`` and ``tmp_path`` are provided (``FIXTURES``); tests that need others
+# are reported as such.
 
 def _cpu_factories(torch) -> None:
     """Helper modules imported by the tests are not rewritten; their tensor factories get
@@ -239,6 +262,35 @@ def _stub_triton() -> None:
     sys.modules["triton"], sys.modules["triton.language"] = tr, tr.language
 
 
+def _host_mem_info(*_a, **_k):
+    """``torch.cuda.mem_get_info()`` answered for the host: (free, total) bytes of physical
+    memory, which is where the emulated device's tensors live (a test checking that a rejected
+    input was not materialized compares two of these)."""
+    page = os.sysconf("SC_PAGE_SIZE")
+    return os.sysconf("SC_AVPHYS_PAGES") * page, os.sysconf("SC_PHYS_PAGES") * page
+
+
+def _host_torch_cuda(torch) -> None:
+    """``torch.cuda``'s host API answered for one device whose memory is the host's (the CPU
+    tensors the tests make): available, synchronous, the null stream, the CPU's device index."""
+    torch.cuda.is_available = lambda: True
+    torch.cuda.synchronize = lambda *a, **k: None
+    torch.cuda.current_stream = lambda *a, **k: _HOST_STREAM
+    torch.Tensor.cuda = lambda self, *a, **k: self
+    torch.cuda.device = lambda *a, **k: contextlib.nullcontext()   # launchers pin the tensor's device
+    torch.cuda.mem_get_info = _host_mem_info   # under the emulator host memory is device memory
+    # one device, the one the CPU tensors are on: its index is theirs (None), so a test's
+    # torch.device("cuda" -> "cpu", torch.cuda.current_device()) equals their .device (FlyDSL's
+    # rmsnorm launcher caches are keyed by it)
+    torch.cuda.current_device = lambda: None
+    # streams of a synchronous device: each launch completes before the next starts, so two
+    # "overlapping" streams run one after the other here
+    torch.cuda.Stream = _HostStream
+    torch.cuda.stream = lambda *a, **k: contextlib.nullcontext()
+    # launchers and references assert ``t.is_cuda``; here the CPU is the device
+    torch.Tensor.is_cuda = property(lambda self: self.device.type in ("cpu", "cuda"))
+
+
 def run_tests(root: Path, files, lds_races: str = "raise", select=(), overrides=None, archs=("gfx942", "gfx950"),
               subs=(), dump_asm=None, skip=(), timeout=0, quantum=None) -> None:
     import inspect
@@ -250,14 +302,8 @@ def run_tests(root: Path, files, lds_races: str = "raise", select=(), overrides=
     from pa_tile.emu import launch
 
     overrides = overrides or {}
-    torch.cuda.is_available = lambda: True
     _cpu_factories(torch)
-    torch.cuda.synchronize = lambda *a, **k: None
-    torch.cuda.current_stream = lambda *a, **k: None
-    torch.Tensor.cuda = lambda self, *a, **k: self
-    torch.cuda.device = lambda *a, **k: contextlib.nullcontext()   # launchers pin the tensor's device
-    # launchers and references assert ``t.is_cuda``; here the CPU is the device
-    torch.Tensor.is_cuda = property(lambda self: self.device.type in ("cpu", "cuda"))
+    _host_torch_cuda(torch)
     sys.path.insert(0, str(root))
     try:
         import pandas  # noqa: F401
@@ -318,8 +364,33 @@ def _dump(launches, where, arch):
 LDS_OOB = "raise"   # --lds-oob hardware: LDS over-reads read 0 (as on a GPU) instead of faulting
 
 
-class CaseTimeout(Exception):
-    pass
+class _TmpPath(contextlib.AbstractContextManager):
+    def __enter__(self):
+        import tempfile
+
+        self._dir = tempfile.TemporaryDirectory(prefix="upstream_")
+        return Path(self._dir.name)
+
+    def __exit__(self, *exc):
+        self._dir.cleanup()
+        return False
+
+
+def _monkeypatch():
+    import pytest
+
+    return pytest.MonkeyPatch.context()
+
+
+# pytest's built-in fixtures the upstream tests take, each a context manager per case (undone after it)
+FIXTURES = {"monkeypatch": _monkeypatch, "tmp_path": _TmpPath}
+
+
+class CaseTimeout(BaseException):
+    """Raised by the --timeout alarm wherever the case is. Not an ``Exception``, like
+    ``KeyboardInterrupt``: the emulator reports an ``Exception`` from inside an instruction as an
+    "internal emulator error", which a timeout is not (pa_tile.emu's launch boundary passes any
+    ``BaseException`` through to the @flyc.jit call)."""
 
 
 def _alarm(signum, frame):
@@ -367,7 +438,8 @@ def _run_file(root, rel, arch, lds_races, select, overrides, subs=(), dump_asm=N
             if key in seen:
                 continue
             seen.add(key)
-            missing = [p for p, d in params.items() if p not in kw and d.default is inspect.Parameter.empty]
+            missing = [p for p, d in params.items()
+                       if p not in kw and p not in FIXTURES and d.default is inspect.Parameter.empty]
             label = f"{rel}::{name}{'[' + ','.join(map(str, kw.values())) + ']' if kw else ''} {arch}"
             if select and not all(k in label for k in select) or any(k in label for k in skip):
                 continue
@@ -383,9 +455,9 @@ def _run_file(root, rel, arch, lds_races, select, overrides, subs=(), dump_asm=N
             try:
                 with toolchain.target_arch(arch), contextlib.redirect_stdout(captured), \
                         launch.launch_options(lds_races=lds_races, quantum=quantum, lds_oob=LDS_OOB), _raw_pointer_regions(), \
-                        launch.record_launches() as launches:
+                        launch.record_launches() as launches, contextlib.ExitStack() as fixtures:
                     try:
-                        fn(**kw)
+                        fn(**kw, **{p: fixtures.enter_context(FIXTURES[p]()) for p in params if p in FIXTURES and p not in kw})
                     finally:
                         if dump_asm:
                             _dump(launches, dump_asm, arch)
@@ -408,9 +480,9 @@ def _run_file(root, rel, arch, lds_races, select, overrides, subs=(), dump_asm=N
 
 
 def main(argv):
-    if not argv:
+    if not argv or argv[0] in ("-h", "--help"):
         print(__doc__)
-        return 2
+        return 0 if argv else 2
     root = Path(argv[0])
     from pa_tile import backend
 

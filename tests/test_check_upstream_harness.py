@@ -27,3 +27,100 @@ def test_a_test_module_with_a_dataclass_loads_and_runs(tmp_path, capsys, monkeyp
     out = capsys.readouterr().out
     assert "not loaded" not in out
     assert "test_dc.py::test_shape gfx942: PASS" in out
+
+
+def test_help_prints_the_usage_instead_of_taking_it_for_a_checkout(capsys):
+    # ``--help`` used to be read as the checkout path and died on '--help/examples/01-vectorAdd.py'
+    h = _harness()
+    assert h.main(["--help"]) == 0 and h.main(["-h"]) == 0
+    assert capsys.readouterr().out.count("Usage: python scripts/check_upstream_flydsl.py") == 2
+    assert h.main([]) == 2
+
+
+def test_mem_get_info_reports_host_memory():
+    # FlyDSL's flash-attention launcher test compares torch.cuda.mem_get_info() before and after
+    # a rejected launch; under the emulator the device's memory is the host's
+    free, total = _harness()._host_mem_info()
+    assert 0 < free <= total
+
+
+def test_current_stream_has_a_raw_handle_and_current_device_is_the_tensors_device(tmp_path, capsys, monkeypatch):
+    # FlyDSL's rmsnorm wrappers launch with torch.cuda.current_stream(i).cuda_stream and compare
+    # torch.cuda.current_device() with the tensor's device (both raised on a CPU torch); its
+    # two-stage cache test keys by torch.device("cuda", current_device()), which must be x.device
+    import torch
+
+    (tmp_path / "test_st.py").write_text(
+        "import torch\n\n"
+        "def test_stream():\n"
+        "    assert torch.cuda.current_stream(None).cuda_stream == 0\n"
+        "    torch.cuda.current_stream().synchronize()\n"
+        "    assert torch.cuda.is_available()\n"
+        "    d = torch.device('cuda', torch.cuda.current_device())\n"
+        "    assert torch.randn(2, device='cuda').device == d\n")
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    for name in ("current_stream", "current_device", "mem_get_info", "is_available", "synchronize", "device"):
+        monkeypatch.setattr(torch.cuda, name, getattr(torch.cuda, name))
+    for name in ("cuda", "is_cuda"):
+        monkeypatch.setattr(torch.Tensor, name, getattr(torch.Tensor, name))
+    h = _harness()
+    h._host_torch_cuda(torch)
+    h._run_file(tmp_path, "test_st.py", "gfx942", "raise", (), {})
+    sys.modules.pop("upstream_test", None)
+    assert "test_st.py::test_stream gfx942: PASS" in capsys.readouterr().out
+
+
+def test_monkeypatch_and_tmp_path_fixtures_are_provided_and_undone(tmp_path, capsys, monkeypatch):
+    # FlyDSL's test_rmsnorm_bwd_two_stage_cache_reuse_across_m takes pytest's monkeypatch
+    import os as _os
+
+    (tmp_path / "test_fx.py").write_text(
+        "import os\n\n"
+        "def test_fx(monkeypatch, tmp_path):\n"
+        "    monkeypatch.setenv('PA_TILE_HARNESS_PROBE', '1')\n"
+        "    (tmp_path / 'f').write_text('x')\n"
+        "    assert os.environ['PA_TILE_HARNESS_PROBE'] == '1'\n\n"
+        "def test_other(capfd):\n"
+        "    pass\n")
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    _harness()._run_file(tmp_path, "test_fx.py", "gfx942", "raise", (), {})
+    sys.modules.pop("upstream_test", None)
+    out = capsys.readouterr().out
+    assert "test_fx.py::test_fx gfx942: PASS" in out
+    assert "test_fx.py::test_other gfx942: not run (needs fixtures ['capfd'])" in out
+    assert "PA_TILE_HARNESS_PROBE" not in _os.environ
+
+
+def test_streams_are_host_streams(monkeypatch):
+    import torch
+
+    for name in ("current_stream", "current_device", "mem_get_info", "is_available", "synchronize", "device",
+                 "Stream", "stream"):
+        monkeypatch.setattr(torch.cuda, name, getattr(torch.cuda, name))
+    for name in ("cuda", "is_cuda"):
+        monkeypatch.setattr(torch.Tensor, name, getattr(torch.Tensor, name))
+    _harness()._host_torch_cuda(torch)
+    s = torch.cuda.Stream(device=torch.device("cuda", 0))
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        assert s.cuda_stream == 0
+
+
+def test_a_case_timeout_is_not_reported_as_an_emulator_error(tmp_path, capsys, monkeypatch):
+    # FlyDSL's test_softmax_bwd_large_shape ran past --timeout inside an instruction and was
+    # reported as "internal emulator error CaseTimeout"; the alarm now passes through as itself
+    (tmp_path / "test_slow.py").write_text(
+        "def test_slow():\n"
+        "    try:\n"
+        "        while True:\n"
+        "            pass\n"
+        "    except Exception:\n"
+        "        raise RuntimeError('wrapped')\n")
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    h = _harness()
+    assert not issubclass(h.CaseTimeout, Exception)
+    h._run_file(tmp_path, "test_slow.py", "gfx942", "raise", (), {}, timeout=1)
+    sys.modules.pop("upstream_test", None)
+    out = capsys.readouterr().out
+    assert "test_slow.py::test_slow gfx942: FAIL " in out and "CaseTimeout: case ran past --timeout" in out
+    assert "wrapped" not in out

@@ -64,6 +64,8 @@ def _operand(rng, M, K, code):
     ("v_mfma_scale_f32_16x16x128_f8f6f4", 16, 0, 4, (0, 0, 0, 0)),
     ("v_mfma_scale_f32_16x16x128_f8f6f4", 16, 0, 0, (1, 0, 1, 1)),
     ("v_mfma_scale_f32_16x16x128_f8f6f4", 16, 2, 1, (0, 1, 0, 0)),
+    # FP4 x FP4 with op_sel bytes 2 and 3: the form FlyDSL's fp4_gemm_4wave issues
+    ("v_mfma_scale_f32_16x16x128_f8f6f4", 16, 4, 4, (0, 1, 1, 1)),
     ("v_mfma_scale_f32_32x32x64_f8f6f4", 32, 0, 0, (0, 1, 1, 0)),
     ("v_mfma_scale_f32_32x32x64_f8f6f4", 32, 1, 4, (1, 1, 0, 0)),
     ("v_mfma_f32_16x16x128_f8f6f4", 16, 4, 0, None),
