@@ -706,8 +706,9 @@ def merge_and_write(c, lds, shared, res, rows, v_scale, outputs, seq, kvh, part,
 # Past two M-tiles the output fragments are what the register-resident loop cannot give back:
 # `head_dim/4` registers per M-tile in every lane, because each wave accumulates `O` over all of
 # head_dim for its own 64 tokens. Upstream's kernel splits the other way for P·V, and so do we
-# (by default at every M-tile count: "Registers and occupancy" below measures both): wave `w` computes, for every M-tile, only the `CPW` 16-channel d-chunks `CPW·w ..` (the
-# ones it would have kept after the merge), over **all 256 tokens** of the tile. Its `O` is
+# (by default at every M-tile count: "Registers and occupancy" below measures both): wave `w`
+# computes, for every M-tile, only the `CPW` 16-channel d-chunks `CPW·w ..` (the ones it would
+# have kept after the merge), over **all 256 tokens** of the tile. Its `O` is
 # `head_dim/16` registers per M-tile, a quarter. Phase A (scores on K's registers) is unchanged;
 # what the split costs is sharing two things across the waves every tile:
 #
@@ -1535,7 +1536,8 @@ else:
 # block 16, per tensor, gfx942: bytes loaded (each wave instruction's distinct bytes, summed)
 # against the compulsory bytes (K/V of the context rounded up to 256-token tiles once, the query,
 # one page id per page), with one M-tile per workgroup, with two (this chapter's earlier
-# default), and with the default plan (every M-tile in one workgroup, P·V split by head_dim). Below 1: the kernel stops at the last page, the compulsory count at the tile.
+# default), and with the default plan (every M-tile in one workgroup, P·V split by head_dim).
+# Below 1: the kernel stops at the last page, the compulsory count at the tile.
 
 # %% tags=["nbval-ignore-output"]
 from pa_tile.perf import tracing  # noqa: E402
