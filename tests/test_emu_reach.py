@@ -215,8 +215,8 @@ def _spill_case(arch, head_dim):
 
 
 # 8 M-tiles at head_dim 256 in chapter 5's register-resident loop need 512+ registers (their
-# output fragments alone are 512) and spill ~1 KB per lane. The kernel splits P·V by head_dim past
-# two M-tiles (and then does not spill), so the test keeps the register-resident loop for 8.
+# output fragments alone are 512) and spill ~1 KB per lane. The kernel splits P·V by head_dim by
+# default (and then does not spill), so the test builds the register-resident loop for 8.
 @pytest.mark.parametrize("arch, head_dim, m_tiles", [
     pytest.param("gfx942", 256, 8, marks=pytest.mark.slow),  # a few seconds of CPU each, more on a busy machine
     pytest.param("gfx950", 256, 8, marks=pytest.mark.slow),
