@@ -44,7 +44,7 @@ from pa_tile.kernel_lib import (
 __all__ = ["paged_decode", "paged_decode_partials", "build_launcher", "launch_args", "kernel_args", "plan",
            "LIMITS", "K_LAYOUT", "V_LAYOUT", "PHASE_GROUP", "WIDE_ABOVE", "exchange_slots", "LanePages", "query_rows",
            "tile_range", "stage_scales", "phase_b", "store_stats", "merge_weights", "Spec", "stage_query",
-           "score_factors", "lane_scales", "phase_a", "write_rows", "merge_and_write", "WidePages", "wide_v",
+           "score_factors", "lane_scales", "k_scaled", "phase_a", "write_rows", "merge_and_write", "WidePages", "wide_v",
            "wide_scores", "wide_v_max", "wide_v_weight", "wide_pv", "wide_loop", "wide_merge_and_write", "make_kernel"]
 
 #: what the stage-5 kernel supports (upstream's tile kernel takes head_dim 64, 128 and 256 too)
@@ -346,6 +346,19 @@ def lane_scales(sc_lds, base, grp, q):
     return lds_load(sc_lds, base + grp * 64 + 16 * q, 4)
 
 
+def k_scaled(s, sc_lds, sc_k, grp, fenced):
+    """The lane's 16 scores ``s`` (a list, scaled in place) times their per-token K scales, read 4
+    at a time; ``fenced``: a ``sched_barrier`` before each read, so the 16 scales are never all
+    live at once (the register-resident loop has V in flight here)."""
+    for q in range_constexpr(4):
+        if const_expr(fenced):
+            fx.rocdl.sched_barrier(0)
+        k4 = lane_scales(sc_lds, sc_k, grp, q)
+        for i in range_constexpr(4):
+            s[4 * q + i] = s[4 * q + i] * fx.Float32(k4[i])
+    return s
+
+
 @device_code
 def phase_a(c, st, t, tok, ctx, k_words, pages, v_page, shared, lane, c_qk, hi1, per_token_args):
     M0, L0 = 2 + c.MT * c.NCH, 2 + c.MT * c.NCH + c.MT
@@ -366,11 +379,7 @@ def phase_a(c, st, t, tok, ctx, k_words, pages, v_page, shared, lane, c_qk, hi1,
             # token's weight v_scale/vmax and with it P before its e4m3 rounding: 0 keeps them out.
             vmax, rv = stage_scales(sc_lds, sc_k, sc_v, k_sc1, v_sc1, t, wave, lane, ctx, c.QL, c.W)
         if const_expr(c.per_token):
-            for q in range_constexpr(4):
-                fx.rocdl.sched_barrier(0)  # 4 scales at a time, not 16 next to V in flight
-                k4 = lane_scales(sc_lds, sc_k, grp, q)
-                for i in range_constexpr(4):
-                    s[4 * q + i] = s[4 * q + i] * fx.Float32(k4[i])
+            s = k_scaled(s, sc_lds, sc_k, grp, fenced=True)  # 4 scales at a time, not 16 next to V in flight
         s = fx.Vector.from_elements(s, dtype=fx.Float32)
         if const_expr(c.W > 0):
             s = _mask_scores(s, [hi1[m] - tok], [hi1[m] - c.W - tok], 1)
@@ -508,10 +517,7 @@ def wide_scores(c, ms, t, tok, ctx, k_words, shared, stats, lane, col, wave, c_q
         s = scores(k_words, _staged_q(shared, m, lane, c.NH), c.NH)
         if const_expr(c.per_token):
             sc_lds, sc_k, grp = pt
-            for q in range_constexpr(4):
-                k4 = lane_scales(sc_lds, sc_k, grp, q)
-                for i in range_constexpr(4):
-                    s[4 * q + i] = s[4 * q + i] * fx.Float32(k4[i])
+            s = k_scaled(s, sc_lds, sc_k, grp, fenced=False)
         s = fx.Vector.from_elements(s, dtype=fx.Float32)
         if const_expr(c.W > 0):
             s = _mask_scores(s, [hi1[m] - tok], [hi1[m] - c.W - tok], 1)
