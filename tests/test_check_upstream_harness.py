@@ -16,15 +16,20 @@ def _harness():
     return mod
 
 
+
+def _run_probe(tmp_path, name, monkeypatch, capsys):
+    """Run the probe test file ``tmp_path/name`` through the harness on gfx942; its printed report."""
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    _harness()._run_file(tmp_path, name, "gfx942", "raise", (), {})
+    sys.modules.pop("upstream_test", None)
+    return capsys.readouterr().out
+
 def test_a_test_module_with_a_dataclass_loads_and_runs(tmp_path, capsys, monkeypatch):
     (tmp_path / "test_dc.py").write_text(
         "from dataclasses import dataclass\n\n"
         "@dataclass\nclass Shape:\n    m: int\n    n: int = 4\n\n"
         "def test_shape():\n    assert Shape(2).n == 4\n")
-    monkeypatch.setattr(sys, "path", list(sys.path))
-    _harness()._run_file(tmp_path, "test_dc.py", "gfx942", "raise", (), {})
-    sys.modules.pop("upstream_test", None)
-    out = capsys.readouterr().out
+    out = _run_probe(tmp_path, "test_dc.py", monkeypatch, capsys)
     assert "not loaded" not in out
     assert "test_dc.py::test_shape gfx942: PASS" in out
 
@@ -82,10 +87,7 @@ def test_monkeypatch_and_tmp_path_fixtures_are_provided_and_undone(tmp_path, cap
         "    assert os.environ['PA_TILE_HARNESS_PROBE'] == '1'\n\n"
         "def test_other(capfd):\n"
         "    pass\n")
-    monkeypatch.setattr(sys, "path", list(sys.path))
-    _harness()._run_file(tmp_path, "test_fx.py", "gfx942", "raise", (), {})
-    sys.modules.pop("upstream_test", None)
-    out = capsys.readouterr().out
+    out = _run_probe(tmp_path, "test_fx.py", monkeypatch, capsys)
     assert "test_fx.py::test_fx gfx942: PASS" in out
     assert "test_fx.py::test_other gfx942: not run (needs fixtures ['capfd'])" in out
     assert "PA_TILE_HARNESS_PROBE" not in _os.environ
