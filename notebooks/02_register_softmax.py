@@ -222,14 +222,16 @@ source(kernel_lib.Pages)
 # codes (even NaN codes), and `0 · NaN` is NaN inside the MFMA.
 
 # %% [markdown]
-# The row max across the four lanes of a head, the two `xor_lanes` steps of `softmax_step`:
+# The row max across the four lanes of a head, the two `xor_lanes` steps of `row_reduce`
+# (`row_max` in `softmax_step`; `wave_reduce` is the same over all 64 lanes, six steps):
 
 # %%
 figures.softmax_butterfly(head=0)
 plt.show()
 
 # %%
-source(kernel_lib.mask_tail, kernel_lib.zero_tail_v, kernel_lib.tree_sum, kernel_lib.exp_shift, kernel_lib.softmax_step)
+source(kernel_lib.row_reduce, kernel_lib.wave_reduce, kernel_lib.row_max, kernel_lib.mask_tail, kernel_lib.zero_tail_v,
+       kernel_lib.tree_sum, kernel_lib.exp_shift, kernel_lib.softmax_step)
 
 # %% [markdown]
 # ## P·V straight from registers
@@ -269,7 +271,7 @@ source(kernel_lib.pv_step)
 # tokens) keeps `m_w = MASKED` and `l_w = 0`: its weight `2^(MASKED - m)` is 0 and it drops out.
 
 # %%
-source(kernel_lib.merge_waves, kernel_lib.exchange, kernel_lib.store_chunks)
+source(kernel_lib.max4, kernel_lib.merge_waves, kernel_lib.exchange, kernel_lib.store_chunks)
 
 # %% [markdown]
 # ## The kernel, in three pieces

@@ -90,6 +90,7 @@ scores ``D[token, row] = K·Qᵀ``, P·V with V as A and P as B so the output fr
 
 import functools
 import math
+import operator
 import types
 
 import torch
@@ -102,7 +103,7 @@ from pa_tile.arch import fp8_max
 from pa_tile.kernel_lib import (
     LOG2E, MASKED, SPAN, TILE, WAVE, WAVES, Pages, buffer_load, buffer_store, device_code, exchange, exp2, exp_shift, fmax, i64,
     imax, imin, jit_launcher, lane_coords, lds_load, lds_store, mfma, pack_fp8, query_operands, rcp, rsrc,
-    scalar_load, scores, select, splat4, tree_sum, xor_lanes, zero_tail_v,
+    max4, row_max, row_reduce, scalar_load, scores, select, splat4, tree_sum, wave_reduce, zero_tail_v,
 )
 
 __all__ = ["paged_decode", "paged_decode_partials", "build_launcher", "launch_args", "kernel_args", "plan",
@@ -297,15 +298,6 @@ figures.phase_timeline(m_tiles=2, tiles=2)
 plt.show()
 
 # %% tags=["export"]
-def _row_max(s, c):
-    m = fx.Float32(s[0])
-    for i in range_constexpr(1, 16):
-        m = fmax(m, fx.Float32(s[i]))
-    m = m * c  # c > 0: the max commutes with the scaling
-    m = fmax(m, xor_lanes(m, 16))
-    return fmax(m, xor_lanes(m, 32))
-
-
 def _exp_pack(s, c, m_new, log2_fp8_max, v_weight):
     """P = 2^(s·c - m_new + log2 FP8_MAX) (largest = FP8_MAX), its lane sum, and P (times the
     per-token V weights ``v_weight(a)`` of lane-tokens 4a..4a+3, if any) packed as the two P·V B
@@ -389,16 +381,22 @@ def _pv(o, v_words, p_ops, f4, vmax=None):
 # query was staged in holds (`exchange_slots` below), so a round may take several passes.
 
 # %% tags=["export"]
-def _v_weights(v_sc1, live):
-    """``(v_sc1, vmax, 1/vmax)``: this lane's V scale (0 for a token no row sees) and the wave's max."""
-    v_sc1 = fx.Float32(select(live, v_sc1, fx.Float32(0.0)))
-    vmax = v_sc1
-    for k in (1, 2, 4, 8, 16, 32):
-        vmax = fmax(vmax, xor_lanes(vmax, k))
-    # a wave with no live token (or only ~0 scales) gets 1, not rcp(tiny): O is rescaled by
-    # rv·vmax every tile and O·1e30 could overflow
+def live_v_scale(v_sc1, t, wave, lane, ctx, ql, window):
+    """This lane's V scale of tile ``t``, or 0 for a token no row sees (past the context, or before
+    every row's window), so it stays out of the V-scale max and gets weight 0."""
+    span0 = t * TILE + wave * SPAN
+    live = lane < ctx - span0
+    if const_expr(window > 0):
+        live = live & (lane >= ctx - (ql - 1) - window - span0)
+    return fx.Float32(select(live, v_sc1, fx.Float32(0.0)))
+
+
+def v_max_factors(vmax):
+    """``(vmax, 1/vmax)`` of a V-scale max, the factors around P·V."""
+    # no live token (or only ~0 scales) gives 1, not rcp(tiny): O is rescaled by rv·vmax every
+    # tile and O·1e30 could overflow
     vmax = fx.Float32(select(vmax > 1e-30, vmax, fx.Float32(1.0)))
-    return v_sc1, vmax, rcp(vmax)
+    return vmax, rcp(vmax)
 
 # %% [markdown]
 # The kernel below calls a few more straight-line pieces. `query_rows`: the (row, MTP
@@ -443,12 +441,9 @@ def tile_range(ctx, part, block_size, ql, window, num_partitions):
 # %% tags=["export"]
 def stage_scales(sc_lds, sc_k, sc_v, k_sc1, v_sc1, t, wave, lane, ctx, ql, window):
     """This lane's K scale and V weight ``v_scale / vmax`` to its wave's LDS slots; returns ``(vmax,
-    1/vmax)``. Tokens no row can see get V scale 0 (out of the max, weight 0)."""
-    span0 = t * TILE + wave * SPAN
-    live = lane < ctx - span0
-    if const_expr(window > 0):
-        live = live & (lane >= ctx - (ql - 1) - window - span0)
-    v_sc1, vmax, rv = _v_weights(v_sc1, live)  # one factor for all 64 tokens of the wave
+    1/vmax)``, one factor for all 64 tokens of the wave."""
+    v_sc1 = live_v_scale(v_sc1, t, wave, lane, ctx, ql, window)
+    vmax, rv = v_max_factors(wave_reduce(v_sc1, fmax))
     lds_store(sc_lds, sc_k + lane * 4, fx.Vector.from_elements([k_sc1], dtype=fx.Float32))
     lds_store(sc_lds, sc_v + lane * 4, fx.Vector.from_elements([v_sc1 * rv], dtype=fx.Float32))
     return vmax, rv
@@ -478,9 +473,7 @@ def store_stats(stats, m_w, l_w, wave, col):
     """Each M-tile's (max, sum) of this wave (the sum over the row's 4 lanes) to the merge's
     table, ``[m-tile][max | sum][row][wave]``."""
     for m in range_constexpr(len(m_w)):
-        lw = fx.Float32(l_w[m])
-        lw = lw + xor_lanes(lw, 16)
-        lw = lw + xor_lanes(lw, 32)
+        lw = row_reduce(fx.Float32(l_w[m]), operator.add)
         base = m * 2 * 16 * WAVES
         lds_store(stats, (base + col * WAVES + wave) * 4, fx.Vector.from_elements([fx.Float32(m_w[m])], dtype=fx.Float32))
         lds_store(stats, (base + (16 + col) * WAVES + wave) * 4, fx.Vector.from_elements([lw], dtype=fx.Float32))
@@ -493,7 +486,7 @@ def merge_weights(stats, m, col, m_w, o_w, v_scale, split):
     base = m * 2 * 16 * WAVES
     m4 = lds_load(stats, (base + col * WAVES) * 4, WAVES)
     l4 = lds_load(stats, (base + (16 + col) * WAVES) * 4, WAVES)
-    mx = fmax(fmax(fx.Float32(m4[0]), fx.Float32(m4[1])), fmax(fx.Float32(m4[2]), fx.Float32(m4[3])))
+    mx = max4(m4)
     total = fx.Float32(0.0)
     for w in range_constexpr(WAVES):
         total = total + fx.Float32(l4[w]) * exp2(fx.Float32(m4[w]) - mx)
@@ -622,6 +615,22 @@ def k_scaled(s, sc_lds, sc_k, grp, fenced):
 
 # %% tags=["export"]
 @device_code
+def masked_scores(c, s, m, t, tok, ctx, hi1, v_words, zero_v):
+    """M-tile ``m``'s scores ``s`` with the tokens its row may not see at -inf, and ``v_words``
+    with the bytes of tokens past the context zeroed if ``zero_v`` (the V just loaded; else passed
+    through): ``(s, v_words)``. Without a window only tiles holding a causally hidden or absent
+    token pay for the mask (a branch)."""
+    if const_expr(c.W > 0):
+        s = _mask_scores(s, [hi1[m] - tok], [hi1[m] - c.W - tok], 1)
+    else:
+        if t * TILE + TILE > ctx - c.QL + 1:
+            s = _mask_scores(s, [hi1[m] - tok], None, 1)
+            if const_expr(zero_v):
+                v_words = zero_tail_v(v_words, ctx - tok)
+    return s, v_words
+
+
+@device_code
 def phase_a(c, st, t, tok, ctx, k_words, pages, v_page, shared, lane, c_qk, hi1, per_token_args):
     M0, L0 = 2 + c.MT * c.NCH, 2 + c.MT * c.NCH + c.MT
     if const_expr(c.per_token):
@@ -643,14 +652,8 @@ def phase_a(c, st, t, tok, ctx, k_words, pages, v_page, shared, lane, c_qk, hi1,
         if const_expr(c.per_token):
             s = k_scaled(s, sc_lds, sc_k, grp, fenced=True)  # 4 scales at a time, not 16 next to V in flight
         s = fx.Vector.from_elements(s, dtype=fx.Float32)
-        if const_expr(c.W > 0):
-            s = _mask_scores(s, [hi1[m] - tok], [hi1[m] - c.W - tok], 1)
-        else:
-            if t * TILE + TILE > ctx - c.QL + 1:  # only tiles holding a causally hidden or absent token
-                s = _mask_scores(s, [hi1[m] - tok], None, 1)
-                if const_expr(m == c.MT - 1):
-                    v_words = zero_tail_v(v_words, ctx - tok)
-        mx = fmax(fx.Float32(st[M0 + m]), _row_max(s, c_qk[m]))
+        s, v_words = masked_scores(c, s, m, t, tok, ctx, hi1, v_words, zero_v=m == c.MT - 1)
+        mx = fmax(fx.Float32(st[M0 + m]), row_max(s, c_qk[m]))
         v_weight = functools.partial(lane_scales, sc_lds, sc_v, grp) if const_expr(c.per_token) else None
         p_ops, p_sum = _exp_pack(s, c_qk[m], mx, c.LOG2_FMAX, v_weight)
         corr = exp2(fx.Float32(st[M0 + m]) - mx)
@@ -836,14 +839,9 @@ def wide_scores(c, ms, t, tok, ctx, k_words, shared, stats, lane, col, wave, c_q
         if const_expr(c.per_token):
             sc_lds, sc_k, grp = pt
             s = k_scaled(s, sc_lds, sc_k, grp, fenced=False)
-        s = fx.Vector.from_elements(s, dtype=fx.Float32)
-        if const_expr(c.W > 0):
-            s = _mask_scores(s, [hi1[m] - tok], [hi1[m] - c.W - tok], 1)
-        else:
-            if t * TILE + TILE > ctx - c.QL + 1:
-                s = _mask_scores(s, [hi1[m] - tok], None, 1)
+        s, _ = masked_scores(c, fx.Vector.from_elements(s, dtype=fx.Float32), m, t, tok, ctx, hi1, k_words, zero_v=False)
         lds_store(stats, ((m * 16 + col) * WAVES + wave) * 4,
-                  fx.Vector.from_elements([_row_max(s, c_qk[m])], dtype=fx.Float32))
+                  fx.Vector.from_elements([row_max(s, c_qk[m])], dtype=fx.Float32))
         s_all.append(s)
     return s_all
 
@@ -851,29 +849,17 @@ def wide_scores(c, ms, t, tok, ctx, k_words, shared, stats, lane, col, wave, c_q
 # Per token, the V scales: their wave max to the table in phase A, the weight after the barrier.
 
 # %% tags=["export"]
-@device_code
 def wide_v_max(c, sc_lds, v_sc1, t, wave, lane, ctx):
-    """The lane's V scale (0 for a token no row sees, as in ``stage_scales``); its wave's max to
-    the V-max table."""
-    span0 = t * TILE + wave * SPAN
-    live = lane < ctx - span0
-    if const_expr(c.W > 0):
-        live = live & (lane >= ctx - (c.QL - 1) - c.W - span0)
-    v_sc1 = fx.Float32(select(live, v_sc1, fx.Float32(0.0)))
-    vmax = v_sc1
-    for k in (1, 2, 4, 8, 16, 32):
-        vmax = fmax(vmax, xor_lanes(vmax, k))
-    lds_store(sc_lds, (c.SC_FLOATS + wave) * 4, fx.Vector.from_elements([vmax], dtype=fx.Float32))
+    """The lane's live V scale (``live_v_scale``); its wave's max to the V-max table."""
+    v_sc1 = live_v_scale(v_sc1, t, wave, lane, ctx, c.QL, c.W)
+    lds_store(sc_lds, (c.SC_FLOATS + wave) * 4, fx.Vector.from_elements([wave_reduce(v_sc1, fmax)], dtype=fx.Float32))
     return v_sc1
 
 
 def wide_v_weight(c, sc_lds, sc_v, v_sc1, lane):
-    """After the max barrier: the workgroup's V-scale max (1 when ~0, as in ``_v_weights``), the
-    lane's weight to its slot; ``(1/vmax, vmax)``."""
-    v4 = lds_load(sc_lds, c.SC_FLOATS * 4, WAVES)
-    vmax = fmax(fmax(fx.Float32(v4[0]), fx.Float32(v4[1])), fmax(fx.Float32(v4[2]), fx.Float32(v4[3])))
-    vmax = fx.Float32(select(vmax > 1e-30, vmax, fx.Float32(1.0)))
-    rv = rcp(vmax)
+    """After the max barrier: the workgroup's V-scale max and the lane's weight to its slot;
+    ``(1/vmax, vmax)``."""
+    vmax, rv = v_max_factors(max4(lds_load(sc_lds, c.SC_FLOATS * 4, WAVES)))
     lds_store(sc_lds, sc_v + lane * 4, fx.Vector.from_elements([v_sc1 * rv], dtype=fx.Float32))
     return rv, vmax
 
@@ -895,8 +881,7 @@ def wide_pv(c, ms, st, s_all, v_all, stats, pslab, lane, col, wave, c_qk, pt):
     for i, m in enumerate(ms):
         fx.rocdl.sched_barrier(0)
         m4 = lds_load(stats, (m * 16 + col) * WAVES * 4, WAVES)
-        mx = fmax(fx.Float32(st[M0 + m]), fmax(fmax(fx.Float32(m4[0]), fx.Float32(m4[1])),
-                                                fmax(fx.Float32(m4[2]), fx.Float32(m4[3]))))
+        mx = fmax(fx.Float32(st[M0 + m]), max4(m4))
         p_ops, p_sum = _exp_pack(s_all[i], c_qk[m], mx, c.LOG2_FMAX, v_weight)
         corr = exp2(fx.Float32(st[M0 + m]) - mx)
         lds_store(pslab, (wave * WAVE + lane) * 16, fx.Vector.from_elements(p_ops, dtype=fx.Int64).bitcast(fx.Float32))
@@ -972,9 +957,7 @@ def wide_merge_and_write(c, k, res, rows, v_scale, outputs, part, num_kv_heads):
     O0 = 1 + WAVES
     M0, L0 = O0 + c.MT * c.CPW, O0 + c.MT * c.CPW + c.MT
     for m in range_constexpr(c.MT):
-        lw = fx.Float32(res[L0 + m])
-        lw = lw + xor_lanes(lw, 16)
-        lw = lw + xor_lanes(lw, 32)
+        lw = row_reduce(fx.Float32(res[L0 + m]), operator.add)
         lds_store(k.stats, ((m * 16 + k.col) * WAVES + k.wave) * 4, fx.Vector.from_elements([lw], dtype=fx.Float32))
     gpu.barrier()
     o_rs, mx_rs, sm_rs = (rsrc(outputs[0]), None, None) if const_expr(c.NP == 1) else tuple(rsrc(t) for t in outputs)

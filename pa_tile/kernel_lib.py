@@ -19,6 +19,7 @@ Everything here runs while FlyDSL traces a kernel (inside ``@flyc.kernel``); not
 
 import inspect
 import math
+import operator
 
 import torch
 
@@ -32,7 +33,7 @@ from flydsl.expr.typing import T
 __all__ = [
     "WAVE", "WAVES", "TILE", "SPAN", "HEAD_DIM", "LOG2E", "MASKED", "NNAN",
     "ir_value", "rsrc", "buffer_load", "buffer_store", "scalar_load", "uniform", "select", "imin", "imax",
-    "fmax", "exp2", "rcp", "xor_lanes", "pack_fp8", "i64", "mfma", "splat4", "lds_ptr", "lds_store",
+    "fmax", "exp2", "rcp", "xor_lanes", "row_reduce", "wave_reduce", "max4", "row_max", "pack_fp8", "i64", "mfma", "splat4", "lds_ptr", "lds_store",
     "lds_load", "tree_sum", "lane_coords",
     "Pages", "query_operands", "quantize_query", "scores", "zero_tail_v", "mask_tail", "exp_shift", "softmax_step",
     "pv_step", "exchange", "merge_waves", "store_chunks", "device_code", "jit_launcher", "model_operands", "softmax_model",
@@ -120,6 +121,34 @@ def rcp(x):
 def xor_lanes(x, k):
     """`x` of lane (lane ^ k)."""
     return fx.Float32(x).shuffle_xor(k, WAVE)
+
+
+def row_reduce(x, op):
+    """``x`` combined with ``op`` (``fmax``, ``operator.add``) over the four lanes that share a row
+    of the 16-row band (lanes ``col + 16·grp``): two ``xor_lanes`` steps."""
+    x = op(x, xor_lanes(x, 16))
+    return op(x, xor_lanes(x, 32))
+
+
+def wave_reduce(x, op):
+    """``x`` combined with ``op`` over all 64 lanes of the wave: six ``xor_lanes`` steps."""
+    for k in (1, 2, 4, 8, 16, 32):
+        x = op(x, xor_lanes(x, k))
+    return x
+
+
+def max4(xs):
+    """The largest of four f32 values (one per wave, read from an LDS table), as a balanced tree."""
+    return fmax(fmax(fx.Float32(xs[0]), fx.Float32(xs[1])), fmax(fx.Float32(xs[2]), fx.Float32(xs[3])))
+
+
+def row_max(s, c):
+    """The row's largest scaled score ``max(s)·c`` (``c > 0``: the max commutes with the scaling),
+    over this lane's 16 scores ``s`` and the row's other three lanes."""
+    m = fx.Float32(s[0])
+    for i in range_constexpr(1, 16):
+        m = fmax(m, fx.Float32(s[i]))
+    return row_reduce(m * c, fmax)
 
 
 def pack_fp8(a, b, c, d):
@@ -260,8 +289,7 @@ def quantize_query(vals, valid, fp8_max):
     for v in vals:
         for i in range_constexpr(8):
             amax = fmax(amax, fx.Float32(fx.absf(v[i])))
-    amax = fmax(amax, xor_lanes(amax, 16))
-    amax = fmax(amax, xor_lanes(amax, 32))
+    amax = row_reduce(amax, fmax)
     inv = fx.Float32(select(valid, rcp(amax) * fp8_max, fx.Float32(0.0)))
     ops = []
     for v in vals:
@@ -335,13 +363,7 @@ def softmax_step(s, m_old, l_old, c_qk, log2_fp8_max, p_weight=None):
     codes each, tokens ``16g .. 16g+7`` and ``16g+8 .. 16g+15``). ``p_weight`` (16 per-token
     factors in [0, 1], chapter 4) scales P after the sum and before the fp8 rounding.
     """
-    s_max = fx.Float32(s[0])
-    for i in range_constexpr(1, 16):
-        s_max = fmax(s_max, fx.Float32(s[i]))
-    m_tile = s_max * c_qk  # c_qk > 0, so the max commutes with the scaling
-    m_tile = fmax(m_tile, xor_lanes(m_tile, 16))
-    m_tile = fmax(m_tile, xor_lanes(m_tile, 32))
-    m_new = fmax(m_old, m_tile)
+    m_new = fmax(m_old, row_max(s, c_qk))
     corr = exp2(m_old - m_new)
     shift = exp_shift(m_new, log2_fp8_max)
     p = [exp2(fx.Float32(s[i]) * c_qk - shift) for i in range_constexpr(16)]
@@ -392,8 +414,7 @@ def merge_waves(o, m_w, l_w, v_scale, lds, wave, lane, col, stride=WAVES):
     (``(j + cpw·wave) mod nch``), normalized. ``lds.stats``: the (max, sum) table, head rows
     ``stride`` words apart (chapter 4 pads them); ``lds.xchg``: the exchange's slots."""
     stats = fx.recast_iter(fx.Uint8, lds.stats.ptr)
-    l_w = l_w + xor_lanes(l_w, 16)
-    l_w = l_w + xor_lanes(l_w, 32)
+    l_w = row_reduce(l_w, operator.add)
     # stats: [max | sum][head][wave]; the 4 lanes of a head write the same value to the same word
     lds_store(stats, (col * stride + wave) * 4, fx.Vector.from_elements([m_w], dtype=fx.Float32))
     lds_store(stats, ((16 + col) * stride + wave) * 4, fx.Vector.from_elements([l_w], dtype=fx.Float32))
@@ -405,7 +426,7 @@ def merge_waves(o, m_w, l_w, v_scale, lds, wave, lane, col, stride=WAVES):
     else:  # rows are not 16-byte aligned: four 4-byte reads each
         m4 = [fx.Float32(lds_load(stats, (col * stride + w) * 4, 1)[0]) for w in range(WAVES)]
         l4 = [fx.Float32(lds_load(stats, ((16 + col) * stride + w) * 4, 1)[0]) for w in range(WAVES)]
-    m = fmax(fmax(m4[0], m4[1]), fmax(m4[2], m4[3]))
+    m = max4(m4)
     total = fx.Float32(0.0)
     for w in range_constexpr(WAVES):
         total = total + l4[w] * exp2(m4[w] - m)
