@@ -295,6 +295,36 @@ class PagedCase:
             self.k_scale, self.v_scale, query_length=self.query_length, **kwargs,
         )
 
+    def error_bound(self, **kwargs):
+        """``(ref, bound)`` of ``pa_tile.reference.fp8_error_bound`` on this case (kwargs:
+        softmax_scale, sliding_window, out_dtype)."""
+        from pa_tile.reference import fp8_error_bound
+
+        return fp8_error_bound(
+            self.query, self.k_cache, self.v_cache, self.block_tables, self.context_lengths,
+            self.k_scale, self.v_scale, query_length=self.query_length, **kwargs,
+        )
+
+    def check(self, out: torch.Tensor, **kwargs):
+        """``(ok, worst, mean_err)`` of a kernel's output on this case against the float32
+        reference, within ``pa_tile.reference.fp8_error_bound`` (kwargs: softmax_scale,
+        sliding_window); ``worst`` is the largest error over its bound, ``mean_err`` the mean
+        absolute error."""
+        from pa_tile.reference import within_bound
+
+        ref, bound = self.error_bound(out_dtype=out.dtype, **kwargs)
+        ok, worst = within_bound(out, ref, bound)
+        return ok, worst, float((out.float().cpu() - ref.cpu()).abs().mean())
+
+    def assert_matches(self, out: torch.Tensor, mean_err: Optional[float] = None, **kwargs) -> None:
+        """AssertionError unless ``check`` passes and, if given, the mean absolute error is at
+        most ``mean_err`` (a bias check: the bound is per element)."""
+        ok, worst, mean = self.check(out, **kwargs)
+        if not ok:
+            raise AssertionError(f"output error is {worst:.3f}x its fp8 bound (or not finite)")
+        if mean_err is not None and not mean <= mean_err:
+            raise AssertionError(f"mean error {mean:.5f} > {mean_err}")
+
     def k_blocked(self) -> torch.Tensor:
         return to_k_blocked(self.k_cache)
 

