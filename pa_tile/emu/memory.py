@@ -154,6 +154,11 @@ def _as_mask(mask, n=WAVE) -> np.ndarray:
 # --------------------------------------------------------------------------------------------
 
 
+#: what the bytes of an over-read (``GlobalMemory(overread=...)``) read: 0xFF, so that a kernel
+#: that uses them sees NaN (f32, f16, bf16) or -1, not a plausible 0
+OVERREAD_POISON = 0xFF
+
+
 class GlobalMemory:
     """Host memory regions seen through numpy views; every access is bounds checked.
 
@@ -163,7 +168,14 @@ class GlobalMemory:
     kept alive here.
     """
 
-    def __init__(self, regions: Sequence[tuple[int, int, str]] = ()):
+    #: bytes a load may run past the end of the region it starts in (``overread=``); they read
+    #: :data:`OVERREAD_POISON`, never host memory. Stores get no such slack.
+    overread: int = 0
+
+    def __init__(self, regions: Sequence[tuple[int, int, str]] = (), *, overread: int = 0):
+        if isinstance(overread, bool) or not isinstance(overread, int) or overread < 0:
+            raise ValueError(f"overread must be a byte count >= 0, got {overread!r}")
+        self.overread = overread
         self._spans: list[tuple[int, int, str, np.ndarray]] = []
         self._owned: list[np.ndarray] = []
         self._bases = np.zeros(0, np.uint64)
@@ -271,7 +283,11 @@ class GlobalMemory:
         ok = idx >= 0
         idc = np.where(ok, idx, 0)
         ends = self._ends[idc]
-        ok &= (ends >= n) & (a <= ends - n)
+        if self.overread and what == "load":
+            # starts inside the region, ends at most ``overread`` bytes past it (read as poison)
+            ok &= (a < ends) & (a + n <= ends + np.uint64(self.overread))
+        else:
+            ok &= (ends >= n) & (a <= ends - n)
         if not ok.all():
             bad = ~ok
             self._fault(origin, what, lanes[bad], a[bad], nbytes, len(a))
@@ -309,11 +325,14 @@ class GlobalMemory:
             if lanes.size == 0:
                 return
             a = a[lanes]
-        if int(a.min()) >= b and int(a.max()) + nbytes <= e:
+        slack = self.overread if what == "load" else 0
+        if int(a.min()) >= b and int(a.max()) + nbytes <= e + slack:
             return
         if lanes is None:
             lanes = np.arange(len(a))
-        bad = (a < np.uint64(b)) | (a + np.uint64(nbytes) > np.uint64(e))
+        bad = (a < np.uint64(b)) | (a + np.uint64(nbytes) > np.uint64(e + slack))
+        if slack:
+            bad |= a >= np.uint64(e)  # an over-read starts inside the region
         lane, addr = int(lanes[bad][0]), int(a[bad][0])
         inside = self.find(addr)
         if inside is None:
@@ -343,6 +362,11 @@ class GlobalMemory:
         a = addrs[lanes]
         r = self._resolve(a, nbytes, lanes, origin, "load")
         ar = _arange(nbytes)
+        if self.overread:
+            over = a + np.uint64(nbytes) > self._ends[r]
+            if over.any():
+                self._load_over(out, lanes, a, r, ar)
+                return out
         if isinstance(r, int):
             b, _, _, view = self._spans[r]
             out[lanes] = view[(a - np.uint64(b)).astype(np.int64)[:, None] + ar]
@@ -352,6 +376,17 @@ class GlobalMemory:
                 b, _, _, view = self._spans[ri]
                 out[lanes[sel]] = view[(a[sel] - np.uint64(b)).astype(np.int64)[:, None] + ar]
         return out
+
+    def _load_over(self, out, lanes, a, r, ar) -> None:
+        """``load`` when some lane runs past its region's end (``overread``): bytes inside the
+        region come from it, bytes past it read :data:`OVERREAD_POISON`."""
+        rs = np.broadcast_to(np.asarray(r, np.int64), a.shape)
+        for ri in np.unique(rs):
+            sel = rs == ri
+            b, e, _, view = self._spans[int(ri)]
+            idx = (a[sel] - np.uint64(b)).astype(np.int64)[:, None] + ar
+            inside = idx < e - b
+            out[lanes[sel]] = np.where(inside, view[np.minimum(idx, e - b - 1)], np.uint8(OVERREAD_POISON))
 
     def store(self, addrs, mask, data, origin: str = "") -> None:
         """Scatter ``data[lane, :]`` for active lanes. Lanes hitting the same byte: highest lane wins."""
