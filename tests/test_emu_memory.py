@@ -267,6 +267,7 @@ def test_overread_lets_a_load_run_past_its_region_and_reads_poison(arena):
     assert (d[9, 8:] == OVERREAD_POISON).all() and OVERREAD_POISON == 0xFF
     np.testing.assert_array_equal(d[10, :12], buf[9204:9216])
     assert (d[10, 12:] == 0xFF).all()
+    assert mem.overreads == 2   # lanes 9 and 10 used the slack
     for lane in (0, 8, 63):   # lanes inside 'a' read it as before
         np.testing.assert_array_equal(d[lane], buf[lane * 16:lane * 16 + 16])
     # only loads: the same straddling store is a fault and writes nothing
@@ -522,3 +523,46 @@ def test_scalar_loads_are_reported_apart_from_vector_coalescing():
     assert len(t.scalar_records) == 4
     with pytest.raises(ValueError, match="kind"):
         t.global_access("global_load_dword", 7, LANE * 4, ALL, 4, kind="flat")
+
+
+@pytest.mark.parametrize("nbytes", [1, 2, 4, 8, 12, 16])
+def test_buffer_fast_path_agrees_with_the_per_dword_check(nbytes):
+    # buffer_load/store take a shortcut when every lane of a raw access is wholly in range; near
+    # num_records, with soffset, inst_offset and wrapping offsets they must give what the general
+    # per-dword path gives (buffer_addresses + per-piece loads)
+    from pa_tile.emu import memory as mm
+
+    rng = np.random.default_rng(nbytes)
+    mem = GlobalMemory()
+    addr, buf = mem.alloc(4096, "t")
+    buf[:] = rng.integers(0, 256, 4096, dtype=np.uint8)
+    for num_records, soff, inst, offen, spread in [(4096, 0, 0, True, 4000), (300, 4, 8, True, 320),
+                                                    (300, 16, 0, False, 0), (0xFFFFFFFF, 0, 64, True, 2000),
+                                                    (1000, 0, 4, True, 1100)]:
+        rsrc = decode_vsharp(encode_vsharp(addr, num_records))
+        voff = (rng.integers(0, max(spread, 1), 64) & ~3).astype(np.uint32) if offen else None
+        if voff is not None and num_records == 0xFFFFFFFF:
+            voff[7] = 0xFFFFFFF0   # wraps with inst_offset 64 -> offset 48
+        mask = rng.random(64) < 0.8
+        kw = dict(vaddr_offset=voff, soffset=soff, inst_offset=inst, offen=offen)
+        got = buffer_load(mem, rsrc, mask, nbytes, **kw)
+        addrs, in_range = buffer_addresses(rsrc, nbytes=nbytes, **kw)
+        live = in_range & mask[:, None]
+        want = np.zeros((64, nbytes), np.uint8)
+        for k, (s, n) in enumerate(mm._pieces(nbytes)):
+            for lane in np.flatnonzero(live[:, k]):
+                o = int(addrs[lane]) - addr + s
+                want[lane, s:s + n] = buf[o:o + n]
+        np.testing.assert_array_equal(got.data, want)
+        np.testing.assert_array_equal(got.addrs, addrs)
+        assert got.touched.tolist() == live.any(axis=1).tolist()
+    # a wholly in-range store (the shortcut) writes exactly the active lanes' bytes
+    rsrc = decode_vsharp(encode_vsharp(addr, 4096))
+    voff = (LANE * 32).astype(np.uint32)
+    data = np.full((64, nbytes), 0xAB, np.uint8)
+    before = buf.copy()
+    st = buffer_store(mem, rsrc, LANE % 3 == 0, data, vaddr_offset=voff, offen=True)
+    for lane in range(64):
+        seg = buf[lane * 32:lane * 32 + nbytes]
+        assert (seg == 0xAB).all() if lane % 3 == 0 else (seg == before[lane * 32:lane * 32 + nbytes]).all()
+    assert st.touched.tolist() == (LANE % 3 == 0).tolist()

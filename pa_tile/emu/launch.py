@@ -585,6 +585,7 @@ class Launch:
     execute: bool = True
     bounds: str = "view"
     overread: int = 0
+    overreads: int = 0   # after the run: lane loads that used the overread slack
 
     @property
     def asm(self) -> str:
@@ -645,21 +646,25 @@ def run_on_emulator(launch: Launch) -> None:
 
     if launch.module.program is None:
         launch.module.program = _code_objects.program(launch.module)
-    machine.run_kernel(
-        launch.module.program,
-        launch.kernel,
-        launch.grid,
-        launch.block,
-        launch.kernarg,
-        memory.GlobalMemory(launch.regions, overread=launch.overread),
-        dynamic_lds=launch.dynamic_lds,
-        arch=launch.arch,
-        trace=launch.trace,
-        progress=launch.progress,
-        lds_races=launch.lds_races,
-        quantum=launch.quantum,
-        lds_oob=launch.lds_oob,
-    )
+    mem = memory.GlobalMemory(launch.regions, overread=launch.overread)
+    try:
+        machine.run_kernel(
+            launch.module.program,
+            launch.kernel,
+            launch.grid,
+            launch.block,
+            launch.kernarg,
+            mem,
+            dynamic_lds=launch.dynamic_lds,
+            arch=launch.arch,
+            trace=launch.trace,
+            progress=launch.progress,
+            lds_races=launch.lds_races,
+            quantum=launch.quantum,
+            lds_oob=launch.lds_oob,
+        )
+    finally:
+        launch.overreads = mem.overreads
 
 
 _handler: Callable[[Launch], None] = run_on_emulator
