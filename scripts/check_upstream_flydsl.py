@@ -519,6 +519,9 @@ def _run_file(root, rel, arch, lds_races, select, overrides, subs=(), dump_asm=N
                         traceback.print_exception(e, file=sys.stderr)
             finally:
                 signal.alarm(0)
+            over = sum(getattr(ln, "overreads", 0) for ln in launches)
+            if over:   # --overread: say that the slack was used (the case over-reads by design)
+                verdict += f" [over-read: {over} lane loads ran past a tensor's end, read 0xFF]"
             print(f"{label}: {verdict} ({time.perf_counter() - t0:.0f} s)", flush=True)
 
 

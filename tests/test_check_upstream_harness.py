@@ -185,4 +185,20 @@ def test_overread_option_reaches_the_launches_of_a_case(tmp_path, capsys, monkey
     h.OVERREAD = 14
     h._run_file(tmp_path, "test_ov.py", "gfx942", "raise", (), {})
     sys.modules.pop("upstream_test", None)
-    assert "test_ov.py::test_ov gfx942: PASS" in capsys.readouterr().out
+    assert "test_ov.py::test_ov gfx942: PASS (" in capsys.readouterr().out
+
+
+def test_a_case_whose_loads_used_the_overread_slack_says_so(tmp_path, capsys, monkeypatch):
+    # the verdict of a case names how many lane loads read past a tensor's end (Launch.overreads)
+    (tmp_path / "test_ovn.py").write_text(
+        "from pa_tile.emu import launch\n\n"
+        "def test_ovn():\n"
+        "    for log in launch._local.recorders:\n"
+        "        log.append(launch.Launch(kernel='k', meta=None, module=None, arch='gfx950', grid=(1, 1, 1),\n"
+        "                                 block=(64, 1, 1), dynamic_lds=0, explicit_args=(), kernarg=b'',\n"
+        "                                 regions=[], overread=14, overreads=3))\n")
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    _harness()._run_file(tmp_path, "test_ovn.py", "gfx942", "raise", (), {})
+    sys.modules.pop("upstream_test", None)
+    assert "test_ovn.py::test_ovn gfx942: PASS [over-read: 3 lane loads ran past a tensor's end, read 0xFF]" in \
+        capsys.readouterr().out
