@@ -2,7 +2,8 @@
 
 Usage: python scripts/check_upstream_flydsl.py [-h | --help] /path/to/FlyDSL-checkout [example.py ... | --kernels [warn] |
        --tests test_file.py ... [-k SUBSTR ...] [--set NAME=VALUE ...] [--arch ARCH] [--lds-races warn]
-       [--skip SUBSTR ...] [--lds-oob hardware] [--quantum N] [--timeout SECONDS] [--dump-asm DIR]]
+       [--skip SUBSTR ...] [--lds-oob hardware] [--quantum N] [--timeout SECONDS] [--dump-asm DIR]
+       [--raw-ptr-load] [--overread BYTES]]
 
 ``--tests`` options: ``-k`` keeps only cases whose label (``test_name[params] arch``) contains
 every given substring, ``--skip`` drops those containing any given one (``--skip large_shape``); ``--set NAME=VALUE`` (VALUE a Python literal) replaces that parameter's
@@ -12,7 +13,12 @@ does the kernel compute the right thing on a GPU?); ``--quantum N`` interleaves 
 running each to its next barrier (with ``--lds-races warn``: does a racy kernel give the right
 answer under a schedule closer to a CU's?); ``CHECK_UPSTREAM_TRACEBACK=1`` prints each failure's traceback and the test's last printed lines on stderr; ``--timeout S`` ends a case after S seconds (reported as FAIL CaseTimeout); ``--dump-asm DIR`` writes the assembly of every kernel a case launches to
 ``DIR/<kernel>.<arch>.s`` (to read what the emulator ran, e.g. for a reported race);
-``--sub 'OLD=>NEW'`` replaces text in the test module's source before it runs (shapes a test
+``--overread BYTES`` lets a global or buffer load that starts inside a tensor run up to BYTES
+past its end, those bytes reading 0xFF (after a reported over-read by design: are the bytes
+past the end really unused?); ``--raw-ptr-load`` gives ``fx.ptr_load(ptr, result_type=C)`` with ``C`` a plain class holding an
+``ir_type`` the raw loaded value, as the ``flydsl`` of FlyDSL's own tree (0.3.2 at 11c4174d) does,
+where flydsl 0.5.0 calls ``C(value)`` and fails (``BF16Ty() takes no arguments``: the bf16 conv3d
+kernel); ``--sub 'OLD=>NEW'`` replaces text in the test module's source before it runs (shapes a test
 hard-codes, e.g. ``--sub 'M, N, K = 16, 5120, 8192=>M, N, K = 16, 128, 1024'``); ``--arch`` runs
 one arch only. FlyDSL's ``run_perftest`` helper calls its function once (the
 emulator measures no time).
@@ -291,6 +297,41 @@ def _host_torch_cuda(torch) -> None:
     torch.Tensor.is_cuda = property(lambda self: self.device.type in ("cpu", "cuda"))
 
 
+def _is_plain_type_holder(result_type) -> bool:
+    """A class that only names an ``ir_type`` (``class BF16Ty: ir_type = ...``) and cannot wrap a
+    value: neither ``__new__`` nor ``__init__`` of its own anywhere in its MRO."""
+    import inspect
+
+    return (inspect.isclass(result_type) and result_type.__new__ is object.__new__
+            and result_type.__init__ is object.__init__ and hasattr(result_type, "ir_type"))
+
+
+def _raw_ptr_load() -> None:
+    """``--raw-ptr-load``: FlyDSL's kernels up to at least 11c4174d (its in-tree ``flydsl`` 0.3.2)
+    pass ``fx.ptr_load(ptr, result_type=C)`` a plain class ``C`` holding an ``ir_type`` (the bf16
+    conv3d transpose and vec8 loads); their ``ptr_load`` returns the loaded ``ir.Value`` as it
+    is. flydsl 0.5.0's wraps it as ``C(value)`` (``as_dsl_value``), and such a ``C`` takes no
+    arguments (``TypeError: BF16Ty() takes no arguments``). This restores the 0.3.2 result for
+    such holders only; every DSL type still goes through 0.5.0's own ``ptr_load``. Host-side
+    tracing only: the kernel's IR is the same op, ``fly.ptr_load`` of ``C.ir_type``."""
+    import flydsl.expr as fx
+    from flydsl.expr import primitive
+
+    orig = primitive.ptr_load
+    if getattr(orig, "_pa_tile_raw", False):
+        return
+
+    @primitive.dsl_loc_tracing
+    def ptr_load(ptr, result_type=None):
+        if _is_plain_type_holder(result_type):
+            return primitive.fly.ptr_load(result_type.ir_type, ptr)
+        return orig(ptr, result_type)
+    ptr_load._pa_tile_raw = True
+    primitive.ptr_load = ptr_load
+    if getattr(fx, "ptr_load", None) is orig:
+        fx.ptr_load = ptr_load
+
+
 def run_tests(root: Path, files, lds_races: str = "raise", select=(), overrides=None, archs=("gfx942", "gfx950"),
               subs=(), dump_asm=None, skip=(), timeout=0, quantum=None) -> None:
     import inspect
@@ -362,6 +403,7 @@ def _dump(launches, where, arch):
 
 
 LDS_OOB = "raise"   # --lds-oob hardware: LDS over-reads read 0 (as on a GPU) instead of faulting
+OVERREAD = 0        # --overread N: global/buffer loads may run N bytes past a tensor's end (read 0xFF)
 
 
 class _TmpPath(contextlib.AbstractContextManager):
@@ -454,7 +496,8 @@ def _run_file(root, rel, arch, lds_races, select, overrides, subs=(), dump_asm=N
             captured = io.StringIO()
             try:
                 with toolchain.target_arch(arch), contextlib.redirect_stdout(captured), \
-                        launch.launch_options(lds_races=lds_races, quantum=quantum, lds_oob=LDS_OOB), _raw_pointer_regions(), \
+                        launch.launch_options(lds_races=lds_races, quantum=quantum, lds_oob=LDS_OOB,
+                                              overread=OVERREAD), _raw_pointer_regions(), \
                         launch.record_launches() as launches, contextlib.ExitStack() as fixtures:
                     try:
                         fn(**kw, **{p: fixtures.enter_context(FIXTURES[p]()) for p in params if p in FIXTURES and p not in kw})
@@ -476,6 +519,9 @@ def _run_file(root, rel, arch, lds_races, select, overrides, subs=(), dump_asm=N
                         traceback.print_exception(e, file=sys.stderr)
             finally:
                 signal.alarm(0)
+            over = sum(getattr(ln, "overreads", 0) for ln in launches)
+            if over:   # --overread: say that the slack was used (the case over-reads by design)
+                verdict += f" [over-read: {over} lane loads ran past a tensor's end, read 0xFF]"
             print(f"{label}: {verdict} ({time.perf_counter() - t0:.0f} s)", flush=True)
 
 
@@ -519,6 +565,11 @@ def main(argv):
                 skip.append(next(rest))
             elif a == "--dump-asm":
                 dump = next(rest)
+            elif a == "--overread":
+                global OVERREAD
+                OVERREAD = int(next(rest))
+            elif a == "--raw-ptr-load":
+                _raw_ptr_load()
             else:
                 files.append(a)
         run_tests(root, files, races, select, overrides, archs, subs, dump, skip, limit, quantum)

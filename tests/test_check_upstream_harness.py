@@ -126,3 +126,79 @@ def test_a_case_timeout_is_not_reported_as_an_emulator_error(tmp_path, capsys, m
     out = capsys.readouterr().out
     assert "test_slow.py::test_slow gfx942: FAIL " in out and "CaseTimeout: case ran past --timeout" in out
     assert "wrapped" not in out
+
+
+def test_raw_ptr_load_gives_plain_type_holders_the_raw_value_and_leaves_dsl_types_alone(monkeypatch):
+    # FlyDSL's bf16 conv3d kernel loads with fx.ptr_load(ptr, result_type=BF16Ty), BF16Ty a bare
+    # class holding an ir_type: its tree's flydsl (0.3.2) returns the raw value, flydsl 0.5.0
+    # calls BF16Ty(value) ("takes no arguments"). --raw-ptr-load restores the former for such
+    # holders only.
+    import types
+
+    import flydsl.expr as fx
+    from flydsl._mlir import ir
+    from flydsl.expr import primitive
+
+    h = _harness()
+
+    class Holder:
+        ir_type = "bf16"
+
+    class Wraps:
+        ir_type = "bf16"
+
+        def __init__(self, v):
+            self.v = v
+
+    assert h._is_plain_type_holder(Holder)
+    assert not h._is_plain_type_holder(Wraps) and not h._is_plain_type_holder(fx.BFloat16)
+    assert not h._is_plain_type_holder(Holder()) and not h._is_plain_type_holder(None)
+
+    calls = []
+
+    def dsl_ptr_load(ptr, result_type=None):   # stands in for 0.5.0's ptr_load
+        calls.append(("dsl", ptr, result_type))
+        return "wrapped"
+    monkeypatch.setattr(primitive, "ptr_load", dsl_ptr_load)
+    monkeypatch.setattr(fx, "ptr_load", dsl_ptr_load)
+    monkeypatch.setattr(primitive, "fly", types.SimpleNamespace(
+        ptr_load=lambda ty, ptr: calls.append(("raw", ty, ptr)) or "raw value"))
+    h._raw_ptr_load()
+    h._raw_ptr_load()   # idempotent: one wrapper
+    assert fx.ptr_load is primitive.ptr_load and primitive.ptr_load._pa_tile_raw
+    with ir.Context():
+        assert fx.ptr_load("p", result_type=Holder) == "raw value"
+        assert fx.ptr_load("p", result_type=fx.BFloat16) == "wrapped"
+        assert fx.ptr_load("p") == "wrapped"
+    assert calls == [("raw", "bf16", "p"), ("dsl", "p", fx.BFloat16), ("dsl", "p", None)]
+
+
+def test_overread_option_reaches_the_launches_of_a_case(tmp_path, capsys, monkeypatch):
+    # --overread N: the case's launches run with launch_options(overread=N) (FlyDSL's conv3d
+    # transpose reads up to 14 B past its input by design)
+    (tmp_path / "test_ov.py").write_text(
+        "from pa_tile.emu import launch\n\n"
+        "def test_ov():\n"
+        "    assert launch._local.options['overread'] == 14\n")
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    h = _harness()
+    h.OVERREAD = 14
+    h._run_file(tmp_path, "test_ov.py", "gfx942", "raise", (), {})
+    sys.modules.pop("upstream_test", None)
+    assert "test_ov.py::test_ov gfx942: PASS (" in capsys.readouterr().out
+
+
+def test_a_case_whose_loads_used_the_overread_slack_says_so(tmp_path, capsys, monkeypatch):
+    # the verdict of a case names how many lane loads read past a tensor's end (Launch.overreads)
+    (tmp_path / "test_ovn.py").write_text(
+        "from pa_tile.emu import launch\n\n"
+        "def test_ovn():\n"
+        "    for log in launch._local.recorders:\n"
+        "        log.append(launch.Launch(kernel='k', meta=None, module=None, arch='gfx950', grid=(1, 1, 1),\n"
+        "                                 block=(64, 1, 1), dynamic_lds=0, explicit_args=(), kernarg=b'',\n"
+        "                                 regions=[], overread=14, overreads=3))\n")
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    _harness()._run_file(tmp_path, "test_ovn.py", "gfx942", "raise", (), {})
+    sys.modules.pop("upstream_test", None)
+    assert "test_ovn.py::test_ovn gfx942: PASS [over-read: 3 lane loads ran past a tensor's end, read 0xFF]" in \
+        capsys.readouterr().out

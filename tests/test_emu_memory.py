@@ -6,7 +6,7 @@ import torch
 
 from pa_tile import arch as pa_arch
 from pa_tile.emu.memory import (
-    LDS, GlobalMemory, MemoryFault, Trace, bank_conflicts, buffer_addresses, buffer_load, buffer_store,
+    LDS, OVERREAD_POISON, GlobalMemory, MemoryFault, Trace, bank_conflicts, buffer_addresses, buffer_load, buffer_store,
     coalescing_segments, decode_vsharp, encode_vsharp, format_table, scalar_buffer_load)
 
 ALL = np.ones(64, bool)
@@ -250,6 +250,68 @@ def test_flydsl_vsharp_still_sanitized():
     np.testing.assert_array_equal(res.data[:8].reshape(-1), buf)
 
 
+def test_overread_lets_a_load_run_past_its_region_and_reads_poison(arena):
+    # GlobalMemory(overread=n): a load that starts inside a region may run up to n bytes past its
+    # end; those bytes read OVERREAD_POISON (0xFF), never the host memory that follows
+    buf, base, _ = arena
+    buf[:] = np.arange(16384) % 251
+    mem = GlobalMemory([(base, 4096, "a"), (base + 8192, 1024, "b")], overread=8)
+    addrs = (base + LANE * 16).astype(np.uint64)
+    addrs[9] = base + 4096 - 8          # straddles a's end by 8 B: allowed
+    addrs[10] = base + 8192 + 1024 - 4  # straddles b's end by 12 B in a 16-B load...
+    with pytest.raises(MemoryFault, match="lane 10"):   # ...is 4 B more than the slack
+        mem.load(addrs, ALL, 16)
+    addrs[10] = base + 8192 + 1024 - 12  # b's last 12 B and 4 B past it
+    d = mem.load(addrs, ALL, 16)
+    np.testing.assert_array_equal(d[9, :8], buf[4088:4096])
+    assert (d[9, 8:] == OVERREAD_POISON).all() and OVERREAD_POISON == 0xFF
+    np.testing.assert_array_equal(d[10, :12], buf[9204:9216])
+    assert (d[10, 12:] == 0xFF).all()
+    assert mem.overreads == 2   # lanes 9 and 10 used the slack
+    for lane in (0, 8, 63):   # lanes inside 'a' read it as before
+        np.testing.assert_array_equal(d[lane], buf[lane * 16:lane * 16 + 16])
+    # only loads: the same straddling store is a fault and writes nothing
+    with pytest.raises(MemoryFault, match="lane 9"):
+        mem.store(addrs, LANE == 9, np.zeros((64, 16), np.uint8))
+    assert buf[4088] == 4088 % 251
+    # a load that starts at or past the end is no over-read: still a fault
+    with pytest.raises(MemoryFault, match="0 B past its end"):
+        mem.load(np.full(64, base + 4096, np.uint64), LANE == 3, 4)
+    # the default is no slack at all
+    with pytest.raises(MemoryFault, match="runs 8 B past its end"):
+        GlobalMemory([(base, 4096, "a")]).load(np.full(64, base + 4088, np.uint64), ALL, 16)
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ValueError, match="overread"):
+            GlobalMemory([], overread=bad)
+
+
+def test_overread_of_a_buffer_load_past_its_descriptors_region():
+    # a full-size V# (FlyDSL's max_size buffers) over a 100-B tensor: a vec4 load by a lane whose
+    # first bytes are the tensor's last ones straddles the tensor's end. With no slack that is the
+    # descriptor-provenance fault; with overread it reads the tensor's bytes, then poison.
+    mem0 = GlobalMemory()
+    addr, buf = mem0.alloc(100, "inp")
+    buf[:] = np.arange(100)
+    rsrc = decode_vsharp(encode_vsharp(addr, 0xFFFFFFFF))
+    voff = np.zeros(64, np.uint32)
+    voff[5] = 88
+    with pytest.raises(MemoryFault, match="lane 5 .*leaves the region its descriptor's base"):
+        buffer_load(mem0, rsrc, LANE == 5, 16, vaddr_offset=voff, offen=True, origin="k:1 buffer_load_dwordx4")
+    mem = GlobalMemory(mem0.regions, overread=14)
+    mem._owned = mem0._owned
+    res = buffer_load(mem, rsrc, LANE == 5, 16, vaddr_offset=voff, offen=True)
+    np.testing.assert_array_equal(res.data[5, :12], np.arange(88, 100))
+    assert (res.data[5, 12:] == 0xFF).all() and not res.data[4].any()
+    voff[5] = 92   # 8 B of tensor, 8 past: within 14
+    assert (buffer_load(mem, rsrc, LANE == 5, 16, vaddr_offset=voff, offen=True).data[5, 8:] == 0xFF).all()
+    voff[5] = 84 + 16 - 1   # starts 1 B before the end, runs 15 B past: more than the slack
+    with pytest.raises(MemoryFault):
+        buffer_load(mem, rsrc, LANE == 5, 16, vaddr_offset=voff, offen=True)
+    with pytest.raises(MemoryFault):   # stores never get the slack
+        buffer_store(mem, rsrc, LANE == 5, np.zeros((64, 16), np.uint8), vaddr_offset=np.full(64, 92, np.uint32),
+                     offen=True)
+
+
 def test_scalar_buffer_load():
     mem = GlobalMemory()
     addr, buf = mem.alloc(64, "params")
@@ -461,3 +523,46 @@ def test_scalar_loads_are_reported_apart_from_vector_coalescing():
     assert len(t.scalar_records) == 4
     with pytest.raises(ValueError, match="kind"):
         t.global_access("global_load_dword", 7, LANE * 4, ALL, 4, kind="flat")
+
+
+@pytest.mark.parametrize("nbytes", [1, 2, 4, 8, 12, 16])
+def test_buffer_fast_path_agrees_with_the_per_dword_check(nbytes):
+    # buffer_load/store take a shortcut when every lane of a raw access is wholly in range; near
+    # num_records, with soffset, inst_offset and wrapping offsets they must give what the general
+    # per-dword path gives (buffer_addresses + per-piece loads)
+    from pa_tile.emu import memory as mm
+
+    rng = np.random.default_rng(nbytes)
+    mem = GlobalMemory()
+    addr, buf = mem.alloc(4096, "t")
+    buf[:] = rng.integers(0, 256, 4096, dtype=np.uint8)
+    for num_records, soff, inst, offen, spread in [(4096, 0, 0, True, 4000), (300, 4, 8, True, 320),
+                                                    (300, 16, 0, False, 0), (0xFFFFFFFF, 0, 64, True, 2000),
+                                                    (1000, 0, 4, True, 1100)]:
+        rsrc = decode_vsharp(encode_vsharp(addr, num_records))
+        voff = (rng.integers(0, max(spread, 1), 64) & ~3).astype(np.uint32) if offen else None
+        if voff is not None and num_records == 0xFFFFFFFF:
+            voff[7] = 0xFFFFFFF0   # wraps with inst_offset 64 -> offset 48
+        mask = rng.random(64) < 0.8
+        kw = dict(vaddr_offset=voff, soffset=soff, inst_offset=inst, offen=offen)
+        got = buffer_load(mem, rsrc, mask, nbytes, **kw)
+        addrs, in_range = buffer_addresses(rsrc, nbytes=nbytes, **kw)
+        live = in_range & mask[:, None]
+        want = np.zeros((64, nbytes), np.uint8)
+        for k, (s, n) in enumerate(mm._pieces(nbytes)):
+            for lane in np.flatnonzero(live[:, k]):
+                o = int(addrs[lane]) - addr + s
+                want[lane, s:s + n] = buf[o:o + n]
+        np.testing.assert_array_equal(got.data, want)
+        np.testing.assert_array_equal(got.addrs, addrs)
+        assert got.touched.tolist() == live.any(axis=1).tolist()
+    # a wholly in-range store (the shortcut) writes exactly the active lanes' bytes
+    rsrc = decode_vsharp(encode_vsharp(addr, 4096))
+    voff = (LANE * 32).astype(np.uint32)
+    data = np.full((64, nbytes), 0xAB, np.uint8)
+    before = buf.copy()
+    st = buffer_store(mem, rsrc, LANE % 3 == 0, data, vaddr_offset=voff, offen=True)
+    for lane in range(64):
+        seg = buf[lane * 32:lane * 32 + nbytes]
+        assert (seg == 0xAB).all() if lane % 3 == 0 else (seg == before[lane * 32:lane * 32 + nbytes]).all()
+    assert st.touched.tolist() == (LANE % 3 == 0).tolist()

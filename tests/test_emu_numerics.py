@@ -742,3 +742,24 @@ def test_bit_views_round_trip():
     assert nx.f32_bits(nx.bits_f32(b)).tolist() == b.tolist()
     assert nx.round_f32(np.float64(1 + 2 ** -24)) == np.float32(1.0)
     assert nx.round_f32(np.float64(1 + 2 ** -24 + 2 ** -40)) == np.float32(1 + 2 ** -23)
+
+
+def test_bf16_rne_matches_the_wide_formula_on_every_high_half():
+    # f32_to_bf16_bits adds in 32 bits (it wraps only for bits >= 0xFFFF8000, all negative NaNs,
+    # which it replaces); the reference adds in 64. Every high half x the low halves that decide
+    # rounding (ties, just below/above, extremes) and a random spread.
+    rng = np.random.default_rng(7)
+    lows = np.unique(np.concatenate([np.array([0, 1, 0x7FFE, 0x7FFF, 0x8000, 0x8001, 0xFFFE, 0xFFFF], np.uint32),
+                                     rng.integers(0, 1 << 16, 24, dtype=np.uint32)]))
+    bits = ((np.arange(1 << 16, dtype=np.uint32) << np.uint32(16))[:, None] | lows[None, :]).reshape(-1)
+    wide = ((bits.astype(np.uint64) + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+    nan = (bits & 0x7FFFFFFF) > 0x7F800000
+    ref = np.where(nan, ((bits >> 16) | 0x40).astype(np.uint16), wide)
+    np.testing.assert_array_equal(nx.f32_to_bf16_bits(bits.view(np.float32)), ref)
+    # 0-d and scalar inputs keep their shape and warn about nothing
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        r = nx.f32_to_bf16_bits(np.uint32(0xFFFFFFFF).view(np.float32))
+        assert np.shape(r) == () and int(r) == 0xFFFF
+        assert int(nx.f32_to_bf16_bits(2.0)) == 0x4000

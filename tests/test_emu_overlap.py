@@ -97,3 +97,12 @@ def test_fp8_unpack_into_a_pair_that_holds_its_source():
     lo, hi = nx.cvt_pk_f32_fp8(before[5], False, nx.fp8_format_for_arch("gfx942"))
     assert (w.v[4] == np.asarray(lo, np.float32).view(np.uint32)).all()
     assert (w.v[5] == np.asarray(hi, np.float32).view(np.uint32)).all()
+
+
+def test_pk_mul_f32_with_op_sel_reading_the_destination():
+    # the no-neg fast path of v_pk_*_f32 computes both halves before writing either: v4 is the
+    # destination's low half and the second source's high half (op_sel_hi picks it)
+    w, _ = run("v_pk_mul_f32 v[4:5], v[6:7], v[4:5] op_sel:[0,1] op_sel_hi:[1,0]\n",
+               _regs(v4=f32(3.0), v5=f32(5.0), v6=f32(2.0), v7=f32(7.0)))
+    np.testing.assert_array_equal(w.v[4].view(np.float32), np.float32(2.0 * 5.0))
+    np.testing.assert_array_equal(w.v[5].view(np.float32), np.float32(7.0 * 3.0))

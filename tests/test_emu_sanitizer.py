@@ -141,3 +141,18 @@ def test_lds_access_past_the_workgroups_lds_names_instruction_lane_and_address(b
     msg = str(e)
     assert f"by lane {e.lane} at {e.address:#x}" in msg and f"{lds_bytes}-byte LDS allocation" in msg
     assert "ds_write" in msg
+
+
+def test_overread_reaches_the_launch_and_gives_no_slack_to_loads_starting_past_a_tensor(buffers):
+    # launch_options(overread=n) is the launch's GlobalMemory(overread=n): it lets a load that
+    # starts inside a tensor run past its end (memory tests), not one that starts after it
+    _, pad_dst, src, dst = buffers
+    with L.launch_options(overread=16), L.record_launches() as log, pytest.raises(MemoryFault) as info:
+        _run(shifted_load, src, dst, 3)
+    assert log[0].overread == 16 and tuple(info.value.bad_lanes) == (61, 62, 63)
+    with L.launch_options(overread=16), L.record_launches() as log:
+        _run(shifted_load, src, dst, 0)
+    assert np.array_equal(dst, src) and log[0].overreads == 0   # nothing used the slack
+    with pytest.raises(ValueError, match="overread"):
+        with L.launch_options(overread=-4):
+            pass

@@ -584,6 +584,8 @@ class Launch:
     quantum: Optional[int] = None
     execute: bool = True
     bounds: str = "view"
+    overread: int = 0
+    overreads: int = 0   # after the run: lane loads that used the overread slack
 
     @property
     def asm(self) -> str:
@@ -644,21 +646,25 @@ def run_on_emulator(launch: Launch) -> None:
 
     if launch.module.program is None:
         launch.module.program = _code_objects.program(launch.module)
-    machine.run_kernel(
-        launch.module.program,
-        launch.kernel,
-        launch.grid,
-        launch.block,
-        launch.kernarg,
-        memory.GlobalMemory(launch.regions),
-        dynamic_lds=launch.dynamic_lds,
-        arch=launch.arch,
-        trace=launch.trace,
-        progress=launch.progress,
-        lds_races=launch.lds_races,
-        quantum=launch.quantum,
-        lds_oob=launch.lds_oob,
-    )
+    mem = memory.GlobalMemory(launch.regions, overread=launch.overread)
+    try:
+        machine.run_kernel(
+            launch.module.program,
+            launch.kernel,
+            launch.grid,
+            launch.block,
+            launch.kernarg,
+            mem,
+            dynamic_lds=launch.dynamic_lds,
+            arch=launch.arch,
+            trace=launch.trace,
+            progress=launch.progress,
+            lds_races=launch.lds_races,
+            quantum=launch.quantum,
+            lds_oob=launch.lds_oob,
+        )
+    finally:
+        launch.overreads = mem.overreads
 
 
 _handler: Callable[[Launch], None] = run_on_emulator
@@ -675,7 +681,7 @@ def set_launch_handler(fn: Optional[Callable[[Launch], None]]) -> Callable[[Laun
 
 _DEFAULT_OPTIONS: Dict[str, Any] = dict(
     trace=None, progress=None, lds_races="raise", quantum=None, execute=True, bounds="view", regions=(),
-    lds_oob="raise",
+    lds_oob="raise", overread=0,
 )
 
 
@@ -699,6 +705,7 @@ def launch_options(
     bounds: str = "view",
     regions: Sequence[Any] = (),
     lds_oob: str = "raise",
+    overread: int = 0,
 ) -> Iterator[None]:
     """Launches in this block (this thread) use these options (unnamed ones take their defaults).
 
@@ -707,7 +714,11 @@ def launch_options(
     someone watches (``None``, see ``pa_tile.progress``); ``lds_races`` (``"raise"``, ``"warn"``, ``"off"``) and
     ``quantum`` (instructions a wave runs before the next takes a turn; ``None``: until its next
     barrier) and ``lds_oob`` (``"raise"``; ``"hardware"``: LDS accesses past the allocation read 0
-    and drop writes, as on a GPU): see ``run_kernel``.
+    and drop writes, as on a GPU): see ``run_kernel``. ``overread``: bytes a global or buffer
+    load may run past the end of the region it starts in (default 0: a fault), for a kernel
+    that over-reads by design, as on a GPU where the allocation goes on; those bytes read
+    ``memory.OVERREAD_POISON`` (0xFF: NaN in f32/f16/bf16), never host memory, and stores get
+    no slack.
 
     ``bounds``: ``"view"`` (default) lets each tensor argument reach exactly the bytes its view
     spans; ``"storage"`` its whole storage, for kernels that legitimately read past a view
@@ -733,6 +744,8 @@ def launch_options(
         raise ValueError(f"quantum must be None or a positive int, got {quantum!r}")
     if not isinstance(execute, bool) and execute != "host":
         raise ValueError(f"execute must be True, False or 'host', got {execute!r}")
+    if isinstance(overread, bool) or not isinstance(overread, int) or overread < 0:
+        raise ValueError(f"overread must be a byte count >= 0, got {overread!r}")
     if bounds not in BOUNDS:
         raise ValueError(f"bounds must be 'view' or 'storage', got {bounds!r}")
     regions = tuple(regions)
@@ -740,7 +753,8 @@ def launch_options(
         region_of(item, f"regions[{i}]", bounds)  # fail now on a malformed item
     saved = _local.options
     _local.options = dict(trace=trace, progress=None if progress is None else bool(progress), lds_races=lds_races,
-                          quantum=quantum, execute=execute, bounds=bounds, regions=regions, lds_oob=lds_oob)
+                          quantum=quantum, execute=execute, bounds=bounds, regions=regions, lds_oob=lds_oob,
+                          overread=overread)
     try:
         yield
     finally:

@@ -154,6 +154,11 @@ def _as_mask(mask, n=WAVE) -> np.ndarray:
 # --------------------------------------------------------------------------------------------
 
 
+#: what the bytes of an over-read (``GlobalMemory(overread=...)``) read: 0xFF, so that a kernel
+#: that uses them sees NaN (f32, f16, bf16) or -1, not a plausible 0
+OVERREAD_POISON = 0xFF
+
+
 class GlobalMemory:
     """Host memory regions seen through numpy views; every access is bounds checked.
 
@@ -163,7 +168,15 @@ class GlobalMemory:
     kept alive here.
     """
 
-    def __init__(self, regions: Sequence[tuple[int, int, str]] = ()):
+    #: bytes a load may run past the end of the region it starts in (``overread=``); they read
+    #: :data:`OVERREAD_POISON`, never host memory. Stores get no such slack.
+    overread: int = 0
+
+    def __init__(self, regions: Sequence[tuple[int, int, str]] = (), *, overread: int = 0):
+        if isinstance(overread, bool) or not isinstance(overread, int) or overread < 0:
+            raise ValueError(f"overread must be a byte count >= 0, got {overread!r}")
+        self.overread = overread
+        self.overreads = 0   # lane loads that used the slack (read poison past a region's end)
         self._spans: list[tuple[int, int, str, np.ndarray]] = []
         self._owned: list[np.ndarray] = []
         self._bases = np.zeros(0, np.uint64)
@@ -271,7 +284,11 @@ class GlobalMemory:
         ok = idx >= 0
         idc = np.where(ok, idx, 0)
         ends = self._ends[idc]
-        ok &= (ends >= n) & (a <= ends - n)
+        if self.overread and what == "load":
+            # starts inside the region, ends at most ``overread`` bytes past it (read as poison)
+            ok &= (a < ends) & (a + n <= ends + np.uint64(self.overread))
+        else:
+            ok &= (ends >= n) & (a <= ends - n)
         if not ok.all():
             bad = ~ok
             self._fault(origin, what, lanes[bad], a[bad], nbytes, len(a))
@@ -309,11 +326,14 @@ class GlobalMemory:
             if lanes.size == 0:
                 return
             a = a[lanes]
-        if int(a.min()) >= b and int(a.max()) + nbytes <= e:
+        slack = self.overread if what == "load" else 0
+        if int(a.min()) >= b and int(a.max()) + nbytes <= e + slack:
             return
         if lanes is None:
             lanes = np.arange(len(a))
-        bad = (a < np.uint64(b)) | (a + np.uint64(nbytes) > np.uint64(e))
+        bad = (a < np.uint64(b)) | (a + np.uint64(nbytes) > np.uint64(e + slack))
+        if slack:
+            bad |= a >= np.uint64(e)  # an over-read starts inside the region
         lane, addr = int(lanes[bad][0]), int(a[bad][0])
         inside = self.find(addr)
         if inside is None:
@@ -343,6 +363,11 @@ class GlobalMemory:
         a = addrs[lanes]
         r = self._resolve(a, nbytes, lanes, origin, "load")
         ar = _arange(nbytes)
+        if self.overread:
+            over = a + np.uint64(nbytes) > self._ends[r]
+            if over.any():
+                self._load_over(out, lanes, a, r, ar)
+                return out
         if isinstance(r, int):
             b, _, _, view = self._spans[r]
             out[lanes] = view[(a - np.uint64(b)).astype(np.int64)[:, None] + ar]
@@ -352,6 +377,18 @@ class GlobalMemory:
                 b, _, _, view = self._spans[ri]
                 out[lanes[sel]] = view[(a[sel] - np.uint64(b)).astype(np.int64)[:, None] + ar]
         return out
+
+    def _load_over(self, out, lanes, a, r, ar) -> None:
+        """``load`` when some lane runs past its region's end (``overread``): bytes inside the
+        region come from it, bytes past it read :data:`OVERREAD_POISON`."""
+        self.overreads += int((a + np.uint64(len(ar)) > self._ends[r]).sum())
+        rs = np.broadcast_to(np.asarray(r, np.int64), a.shape)
+        for ri in np.unique(rs):
+            sel = rs == ri
+            b, e, _, view = self._spans[int(ri)]
+            idx = (a[sel] - np.uint64(b)).astype(np.int64)[:, None] + ar
+            inside = idx < e - b
+            out[lanes[sel]] = np.where(inside, view[np.minimum(idx, e - b - 1)], np.uint8(OVERREAD_POISON))
 
     def store(self, addrs, mask, data, origin: str = "") -> None:
         """Scatter ``data[lane, :]`` for active lanes. Lanes hitting the same byte: highest lane wins."""
@@ -509,11 +546,40 @@ def _check_derived(mem, rsrc, addrs, live, nbytes: int, origin: str, what: str) 
             mem.check_derived(rsrc.base, addrs + np.uint64(s), live[:, k], n, origin, what)
 
 
+def _raw_in_range(rsrc: BufferResource, mask, nbytes: int, vaddr_offset, soffset: int, inst_offset: int,
+                  offen: bool, idxen: bool):
+    """Per-lane addresses of a raw (no ``idxen``, no swizzle, no ``add_tid``) MUBUF access whose
+    every lane is wholly in range, or None (then :func:`buffer_addresses` does the general
+    per-dword check). The same addresses and verdict as that check, at a fraction of the cost:
+    one bound for the largest offset instead of one per lane and dword."""
+    if idxen or rsrc.swizzle_enable or rsrc.add_tid_enable:
+        return None
+    inst = np.uint64(int(inst_offset) & _U32)
+    if offen:
+        off = np.asarray(vaddr_offset, dtype=np.uint64)
+        if off.shape != mask.shape:
+            return None
+        off = (off & np.uint64(_U32)) + inst
+        if int(off.max()) > _U32:
+            return None   # a wrapped offset: the general path
+    else:
+        off = np.full(len(mask), inst, np.uint64)
+    soff = int(soffset) & _U32
+    if int(off.max()) + soff + nbytes > rsrc.num_records:
+        return None
+    return off + np.uint64(rsrc.base + soff)
+
+
 def buffer_load(mem: GlobalMemory, rsrc: BufferResource, mask, nbytes: int, *, vaddr_offset=None,
                 vaddr_index=None, soffset: int = 0, inst_offset: int = 0, offen: bool = False,
                 idxen: bool = False, origin: str = "") -> BufferAccess:
     """MUBUF load: out-of-range dwords read 0; the in-range ones go through the sanitizer."""
     mask = _as_mask(mask)
+    addrs = _raw_in_range(rsrc, mask, nbytes, vaddr_offset, soffset, inst_offset, offen, idxen)
+    if addrs is not None:   # every lane in range: the whole access of every active lane
+        if hasattr(mem, "check_derived"):
+            mem.check_derived(rsrc.base, addrs, mask, nbytes, origin, "load")
+        return BufferAccess(mem.load(addrs, mask, nbytes, origin), addrs, mask.copy())
     addrs, live = _live(rsrc, mask, nbytes, dict(
         vaddr_offset=vaddr_offset, vaddr_index=vaddr_index, soffset=soffset,
         inst_offset=inst_offset, offen=offen, idxen=idxen))
@@ -536,6 +602,12 @@ def buffer_store(mem: GlobalMemory, rsrc: BufferResource, mask, data, *, vaddr_o
     mask = _as_mask(mask)
     data = np.asarray(data, dtype=np.uint8)
     nbytes = data.shape[1]
+    addrs = _raw_in_range(rsrc, mask, nbytes, vaddr_offset, soffset, inst_offset, offen, idxen)
+    if addrs is not None:
+        if hasattr(mem, "check_derived"):
+            mem.check_derived(rsrc.base, addrs, mask, nbytes, origin, "store")
+        mem.store(addrs, mask, data, origin)
+        return BufferAccess(None, addrs, mask.copy())
     addrs, live = _live(rsrc, mask, nbytes, dict(
         vaddr_offset=vaddr_offset, vaddr_index=vaddr_index, soffset=soffset,
         inst_offset=inst_offset, offen=offen, idxen=idxen))

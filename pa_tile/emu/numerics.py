@@ -367,11 +367,13 @@ def f32_to_bf16_bits(x, rounding: str = "rne") -> np.ndarray:
         return (bits >> np.uint32(16)).astype(np.uint16)
     if rounding != "rne":
         raise ValueError("rounding must be 'rne' or 'truncate'")
-    lsb = (bits >> np.uint32(16)) & np.uint32(1)
-    with np.errstate(over="ignore"):
-        r = ((bits.astype(np.uint64) + np.uint64(0x7FFF) + lsb) >> np.uint64(16)).astype(np.uint16)
-    q = ((bits >> np.uint32(16)) | np.uint32(0x0040)).astype(np.uint16)
-    return np.where(_is_nan_bits(bits), q, r).astype(np.uint16)
+    shape = bits.shape
+    bits = bits.reshape(-1)   # array (not scalar) arithmetic: it wraps without a warning
+    hi = bits >> np.uint32(16)
+    # In 32 bits the sum wraps only for bits >= 0xFFFF8000: negative NaNs, replaced below.
+    r = ((bits + (hi & np.uint32(1)) + np.uint32(0x7FFF)) >> np.uint32(16)).astype(np.uint16)
+    q = (hi | np.uint32(0x0040)).astype(np.uint16)
+    return np.where(_is_nan_bits(bits), q, r).reshape(shape)
 
 
 def bf16_bits_to_f32(h) -> np.ndarray:

@@ -776,6 +776,19 @@ def _pk_f32(fn, n):
         nl = [sign if x else zero for x in neg_lo]
         nh = [sign if x else zero for x in neg_hi]
 
+        if n == 2 and not any(neg_lo) and not any(neg_hi):
+            # the common form (no neg): no per-call lists, no sign flips. Both halves are
+            # computed before either is written (a source may overlap the destination).
+            (s0, s1), (a0, a1), (b0, b1) = srcs, op_sel, op_sel_hi
+
+            def h2(w):
+                v0, v1 = s0(w), s1(w)
+                rlo = fn(v0[a0].view(np.float32), v1[a1].view(np.float32))
+                rhi = fn(v0[b0].view(np.float32), v1[b1].view(np.float32))
+                wlo(w, rlo)
+                whi(w, rhi)
+            return h2
+
         def h(w):
             vals = [s(w) for s in srcs]
             lo = [(v[op_sel[i]] ^ nl[i]).view(np.float32) for i, v in enumerate(vals)]
