@@ -297,13 +297,14 @@ class PagedCase:
 
     def error_bound(self, **kwargs):
         """``(ref, bound)`` of ``pa_tile.reference.fp8_error_bound`` on this case (kwargs:
-        softmax_scale, sliding_window, out_dtype)."""
+        softmax_scale, sliding_window, out_dtype), on the CPU, where outputs are compared."""
         from pa_tile.reference import fp8_error_bound
 
-        return fp8_error_bound(
+        ref, bound = fp8_error_bound(
             self.query, self.k_cache, self.v_cache, self.block_tables, self.context_lengths,
             self.k_scale, self.v_scale, query_length=self.query_length, **kwargs,
         )
+        return ref.cpu(), bound.cpu()
 
     def check(self, out: torch.Tensor, **kwargs):
         """``(ok, worst, mean_err)`` of a kernel's output on this case against the float32
