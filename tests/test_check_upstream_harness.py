@@ -17,10 +17,11 @@ def _harness():
 
 
 
-def _run_probe(tmp_path, name, monkeypatch, capsys):
-    """Run the probe test file ``tmp_path/name`` through the harness on gfx942; its printed report."""
+def _run_probe(tmp_path, name, monkeypatch, capsys, harness=None):
+    """Run the probe test file ``tmp_path/name`` through the harness (``harness``: one already set
+    up, else a fresh one) on gfx942; its printed report."""
     monkeypatch.setattr(sys, "path", list(sys.path))
-    _harness()._run_file(tmp_path, name, "gfx942", "raise", (), {})
+    (harness or _harness())._run_file(tmp_path, name, "gfx942", "raise", (), {})
     sys.modules.pop("upstream_test", None)
     return capsys.readouterr().out
 
@@ -63,16 +64,13 @@ def test_current_stream_has_a_raw_handle_and_current_device_is_the_tensors_devic
         "    assert torch.cuda.is_available()\n"
         "    d = torch.device('cuda', torch.cuda.current_device())\n"
         "    assert torch.randn(2, device='cuda').device == d\n")
-    monkeypatch.setattr(sys, "path", list(sys.path))
     for name in ("current_stream", "current_device", "mem_get_info", "is_available", "synchronize", "device"):
         monkeypatch.setattr(torch.cuda, name, getattr(torch.cuda, name))
     for name in ("cuda", "is_cuda"):
         monkeypatch.setattr(torch.Tensor, name, getattr(torch.Tensor, name))
     h = _harness()
     h._host_torch_cuda(torch)
-    h._run_file(tmp_path, "test_st.py", "gfx942", "raise", (), {})
-    sys.modules.pop("upstream_test", None)
-    assert "test_st.py::test_stream gfx942: PASS" in capsys.readouterr().out
+    assert "test_st.py::test_stream gfx942: PASS" in _run_probe(tmp_path, "test_st.py", monkeypatch, capsys, h)
 
 
 def test_monkeypatch_and_tmp_path_fixtures_are_provided_and_undone(tmp_path, capsys, monkeypatch):
@@ -180,12 +178,9 @@ def test_overread_option_reaches_the_launches_of_a_case(tmp_path, capsys, monkey
         "from pa_tile.emu import launch\n\n"
         "def test_ov():\n"
         "    assert launch._local.options['overread'] == 14\n")
-    monkeypatch.setattr(sys, "path", list(sys.path))
     h = _harness()
     h.OVERREAD = 14
-    h._run_file(tmp_path, "test_ov.py", "gfx942", "raise", (), {})
-    sys.modules.pop("upstream_test", None)
-    assert "test_ov.py::test_ov gfx942: PASS (" in capsys.readouterr().out
+    assert "test_ov.py::test_ov gfx942: PASS (" in _run_probe(tmp_path, "test_ov.py", monkeypatch, capsys, h)
 
 
 def test_a_case_whose_loads_used_the_overread_slack_says_so(tmp_path, capsys, monkeypatch):
@@ -197,8 +192,5 @@ def test_a_case_whose_loads_used_the_overread_slack_says_so(tmp_path, capsys, mo
         "        log.append(launch.Launch(kernel='k', meta=None, module=None, arch='gfx950', grid=(1, 1, 1),\n"
         "                                 block=(64, 1, 1), dynamic_lds=0, explicit_args=(), kernarg=b'',\n"
         "                                 regions=[], overread=14, overreads=3))\n")
-    monkeypatch.setattr(sys, "path", list(sys.path))
-    _harness()._run_file(tmp_path, "test_ovn.py", "gfx942", "raise", (), {})
-    sys.modules.pop("upstream_test", None)
     assert "test_ovn.py::test_ovn gfx942: PASS [over-read: 3 lane loads ran past a tensor's end, read 0xFF]" in \
-        capsys.readouterr().out
+        _run_probe(tmp_path, "test_ovn.py", monkeypatch, capsys)
