@@ -315,7 +315,7 @@ class PagedCase:
 
         ref, bound = self.error_bound(out_dtype=out.dtype, **kwargs)
         ok, worst = within_bound(out, ref, bound)
-        return ok, worst, float((out.float().cpu() - ref.cpu()).abs().mean())
+        return ok, worst, float((out.float().cpu() - ref).abs().mean())
 
     def assert_matches(self, out: torch.Tensor, mean_err: Optional[float] = None, **kwargs) -> None:
         """AssertionError unless ``check`` passes and, if given, the mean absolute error is at

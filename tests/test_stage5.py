@@ -143,11 +143,11 @@ def test_per_token_short_contexts(arch, cfg, device):
     bs, hd, g, trans_v = cfg
     for seed in (1, 2):
         case = _case(arch, bs, hd, g, 1, [1, 2, 17], "per-token", seed=seed)
-        out = s5.paged_decode(*_args(case, trans_v, device), arch=arch).float().cpu()
-        _check(out, case)
+        out = s5.paged_decode(*_args(case, trans_v, device), arch=arch).cpu()
+        _check(out, case)  # the f16 output itself: its rounding is part of the bound
         v = cache.dequantize(case.v_cache, case.fp8_format, case.v_scale)
         want = v[int(case.block_tables[0, 0]), 0, 0].expand(g, -1)
-        torch.testing.assert_close(out[0], want, rtol=2.0**-10, atol=0.0)
+        torch.testing.assert_close(out[0].float(), want, rtol=2.0**-10, atol=0.0)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
