@@ -279,3 +279,20 @@ def test_contention_never_beats_the_overlap_form_nor_the_floor():
                 assert b.predicted_us >= a.predicted_us - 1e-9 and b.predicted_us >= b.floor_us
     finally:
         model.CU_CONTENTION = old
+
+
+def test_utilisation_of_peak_loads_the_latency_less_and_keeps_the_floor():
+    """The loaded latency's utilisation taken of the DRAM's peak (the default) is hbm_efficiency
+    times the one of the achievable bandwidth, so it never predicts slower than that form, and
+    still never below the HBM floor; with both, more bandwidth is never slower."""
+    old = model.UTILISATION_OF
+    try:
+        for s in SHAPES:
+            model.UTILISATION_OF = "achievable"
+            a = _predict(s)
+            model.UTILISATION_OF = "peak"
+            b = _predict(s)
+            assert b.predicted_us <= a.predicted_us + 1e-9 and b.predicted_us >= b.floor_us
+            assert b.details["hbm_utilisation"] <= a.details["hbm_utilisation"] + 1e-9
+    finally:
+        model.UTILISATION_OF = old

