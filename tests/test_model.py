@@ -242,3 +242,57 @@ def test_a_stage_is_predicted_with_the_split_it_would_pick_on_that_device():
         assert picks[gpu] == s6.choose_num_partitions(16, 1, 16384, arch="gfx942", cu_count=cus)
     assert picks["mi308x"] < picks["mi300x"]
     assert model._stage_partitions("s4", shape, "gfx942", 80) == 1  # no split before chapter 6
+
+
+def test_mva_round_bounds_and_monotonicity():
+    """The resident workgroups' round (model.mva_round, exact mean-value analysis): one workgroup
+    alone takes its walk (or its units' total, if larger); more take longer per round but never
+    less throughput; the round lies between the overlap bound and the no-overlap bound; more
+    demand on any unit or a longer walk never makes it faster."""
+    for walk, d in ((14000.0, (1700.0, 1100.0, 4100.0)), (3000.0, (1700.0, 1100.0, 4100.0)),
+                    (9000.0, (0.0, 0.0, 0.0)), (5000.0, (2500.0,))):
+        assert model.mva_round(walk, d, 1) == pytest.approx(max(walk, sum(d)))
+        prev_c, prev_x = 0.0, 0.0
+        for n in range(1, 9):
+            c = model.mva_round(walk, d, n)
+            z = max(0.0, walk - sum(d))
+            assert max(walk, n * max(d)) - 1e-6 <= c <= z + n * sum(d) + 1e-6, (walk, d, n, c)
+            assert c >= prev_c - 1e-9 and n / c >= prev_x - 1e-12
+            prev_c, prev_x = c, n / c
+        for k in range(len(d)):
+            more = tuple(x * 1.5 if i == k else x for i, x in enumerate(d))
+            assert model.mva_round(walk, more, 3) >= model.mva_round(walk, d, 3) - 1e-9
+        assert model.mva_round(walk * 1.5, d, 3) >= model.mva_round(walk, d, 3) - 1e-9
+
+
+def test_contention_never_beats_the_overlap_form_nor_the_floor():
+    """With the queueing form the prediction is never below the perfect-overlap form of the
+    same facts, and never below the HBM floor."""
+    old = model.CU_CONTENTION
+    try:
+        for s in SHAPES:
+            for w in (1, 2, 4):
+                model.CU_CONTENTION = "max"
+                a = _predict(s, code=_code(workgroups_per_cu=w))
+                model.CU_CONTENTION = "mva"
+                b = _predict(s, code=_code(workgroups_per_cu=w))
+                assert b.predicted_us >= a.predicted_us - 1e-9 and b.predicted_us >= b.floor_us
+    finally:
+        model.CU_CONTENTION = old
+
+
+def test_utilisation_of_peak_loads_the_latency_less_and_keeps_the_floor():
+    """The loaded latency's utilisation taken of the DRAM's peak (the default) is hbm_efficiency
+    times the one of the achievable bandwidth, so it never predicts slower than that form, and
+    still never below the HBM floor; with both, more bandwidth is never slower."""
+    old = model.UTILISATION_OF
+    try:
+        for s in SHAPES:
+            model.UTILISATION_OF = "achievable"
+            a = _predict(s)
+            model.UTILISATION_OF = "peak"
+            b = _predict(s)
+            assert b.predicted_us <= a.predicted_us + 1e-9 and b.predicted_us >= b.floor_us
+            assert b.details["hbm_utilisation"] <= a.details["hbm_utilisation"] + 1e-9
+    finally:
+        model.UTILISATION_OF = old

@@ -27,6 +27,11 @@ workgroup does one tile) takes::
                 R * lds_cycles,            # LDS bandwidth (128 B/clk/CU CDNA3) + conflict cycles (emulator)
                 R * ta_cycles)             # vL1D addresser: one 64-byte segment per clock (coalescing)
 
+That is the perfect-overlap form (``CU_CONTENTION = "max"``). The default (``"mva"``) times the round
+as a closed queueing network instead (:func:`mva_round`, exact mean-value analysis): the ``R``
+workgroups queue for the issue slots, the LDS and the addresser (their per-tile demands above) and
+spend the rest of their walked tile in a delay station; one workgroup alone takes ``L_tile``.
+
 A workgroup of ``T`` tiles takes ``T * round + F`` (``F``: its walked prologue+epilogue). The
 grid (batch x KV heads x M-groups x partitions) is dealt round-robin over the XCDs, then over each
 XCD's CUs; the busiest CU runs ``ceil(n / R_max)`` generations of at most ``R_max`` workgroups,
@@ -34,8 +39,8 @@ the last (tail) one with only the remainder resident, its rounds timed with that
 Memory: HBM bytes (K/V of every page touched, scales, query, output, block tables; split-K
 partials written and read back at Infinity Cache bandwidth, they fit in its 256 MB) over
 ``hbm_efficiency x peak``; bytes *requested* beyond the unique ones (M-groups re-reading K/V)
-go at L2 bandwidth. Memory latency is loaded: ``mem_latency_cycles / (1 - u)`` with ``u`` the HBM utilisation the
-prediction itself implies (a fixed point), so a kernel whose waits stalled in the walk slows down
+go at L2 bandwidth. Memory latency is loaded: ``mem_latency_cycles / (1 - u)`` with ``u`` the HBM utilisation (of
+the peak, :data:`UTILISATION_OF`) the prediction itself implies (a fixed point), so a kernel whose waits stalled in the walk slows down
 as the memory system fills. Kernel time = max(CU time, memory time) + ``launch_us``; a split-K launch adds
 the reduce kernel the same way (its walk x partitions, its bytes) plus another ``launch_us``.
 The HBM floor (``roofline.time_floor``, peak bandwidth) is never beaten: the prediction is
@@ -82,6 +87,22 @@ TILE = 256
 #: "rewalk" is the default now: like the first, a choice made after seeing both
 #: (``scripts/validate_model.py --loaded-latency count`` reruns the other).
 LOADED_LATENCY = "rewalk"
+#: how the resident workgroups of a CU share its issue slots, LDS and vector-memory addresser:
+#: "max" (a round is the largest of one workgroup's walked tile and R times each unit's demand:
+#: perfect overlap) or "mva" (exact mean-value analysis of a closed queueing network, see
+#: :func:`mva_round`: the R workgroups circulate through the three units as queueing stations and
+#: through a delay station holding the rest of their walked tile; no constant of its own) or
+#: "serial" (a round is at least R times the *sum* of the three demands: no overlap between them,
+#: an empirical form, see ``pa_tile/data/model_validation.md``; not the default) or "shared" (the
+#: same mean-value analysis with the three units as one station: no overlap between them, but the
+#: walk's latency still overlaps them; not the default)
+CU_CONTENTION = "mva"
+#: the HBM utilisation ``u`` the loaded latency ``lat0 / (1 - u)`` sees: bytes over time over the
+#: achievable bandwidth (``hbm_efficiency`` x peak, "achievable", the previous form) or over the
+#: DRAM's peak ("peak": the literal utilisation of the server the requests queue at; the fitted
+#: hbm_efficiency then only caps the bandwidth). "peak" is the default since issue 14's follow-up, a
+#: choice made after seeing held-out errors (model_validation.md, 'This round')
+UTILISATION_OF = "peak"
 #: the highest HBM utilisation the loaded-latency fixed point may reach (lat0 / (1 - u) stays finite)
 U_MAX = 0.95
 _TRANS = ("v_exp_", "v_log_", "v_rcp_", "v_sqrt_", "v_rsq_", "v_sin_", "v_cos_")
@@ -723,6 +744,29 @@ def _floor_spec(hwc: _hw.Hardware):
                    "pa_tile.perf.hw (see its sources)")
 
 
+def mva_round(walk: float, demands: Sequence[float], n: int) -> float:
+    """Cycles for ``n`` workgroups resident on one CU to do one tile each: exact mean-value analysis
+    (MVA; Reiser & Lavenberg, "Mean-Value Analysis of Closed Multichain Queuing Networks", J. ACM 27(2),
+    1980; Lazowska et al., "Quantitative System Performance", 1984, ch. 6-7) of a closed network whose
+    ``n`` customers are the workgroups. Each tile a workgroup visits every unit of ``demands`` (its
+    cycles per tile on the CU's SIMD issue slots, LDS and vector-memory addresser: one FIFO server
+    each) and a delay station for the rest of its walked tile, ``Z = walk - sum(demands)`` (memory
+    latency and dependences: no queueing). One workgroup alone takes ``max(walk, sum(demands))``
+    (the walk already contains its own use of the units); more queue behind each other's use of
+    them, between the bounds ``max(walk, n * max(demands))`` (perfect overlap, the "max" form) and
+    ``Z + n * sum(demands)`` (none)."""
+    d = [max(0.0, float(x)) for x in demands]
+    z = max(0.0, float(walk) - sum(d))
+    q = [0.0] * len(d)
+    cycle = z + sum(d)
+    for k in range(1, max(1, int(n)) + 1):
+        r = [dk * (1.0 + qk) for dk, qk in zip(d, q)]
+        cycle = z + sum(r)
+        x = k / cycle if cycle > 0 else 0.0
+        q = [x * rk for rk in r]
+    return cycle
+
+
 def _grid_per_cu(wgs: int, hwc: _hw.Hardware) -> int:
     per_xcd = -(-wgs // hwc.xcds)
     return -(-per_xcd // hwc.cus_per_xcd)
@@ -809,19 +853,34 @@ def predict(*, shape: DecodeShape, hw, per_tile: Dict[str, float], fixed: Dict[s
     # with the rest (fewer workgroups share the CU's issue slots, LDS and addresser)
     gen_sizes = [r_max] * (per_cu // r_max) + ([per_cu % r_max] if per_cu % r_max else [])
 
+    demands = (simd_busy, lds_cu, ta_cu)
+
+    def round_of(lt, r):
+        if CU_CONTENTION == "mva":
+            return mva_round(lt, demands, r)
+        if CU_CONTENTION == "serial":
+            return max(lt, r * sum(demands))
+        if CU_CONTENTION == "shared":  # the three units as ONE queueing station (no overlap between them)
+            return mva_round(lt, (sum(demands),), r)
+        return max(lt, r * simd_busy, r * lds_cu, r * ta_cu)
+
     def evaluate(u):
         lt, fx = loaded(u)
         cand = dict(latency=lt, issue=R * simd_busy, lds=R * lds_cu, vmem_addresser=R * ta_cu)
-        rc = max(cand.values())
+        rc = round_of(lt, R)
         t_cu_ = 0.0
         for r in gen_sizes:
-            t_cu_ += (T * max(lt, r * simd_busy, r * lds_cu, r * ta_cu) + fx) / clk
+            t_cu_ += (T * round_of(lt, r) + fx) / clk
         return cand, rc, t_cu_, max(t_cu_, t_mem)
 
+    # the utilisation the loaded latency sees: of the achievable bandwidth (hbm_efficiency x peak,
+    # "achievable") or of the DRAM's peak ("peak")
+    t_util = t_hbm if UTILISATION_OF == "achievable" else \
+        hbm_bytes / hwc.hbm_bytes_per_s + partial_bytes / hwc.mall_bytes_per_s
     u_lo, u_hi = 0.0, U_MAX
     for _ in range(40):
         u = 0.5 * (u_lo + u_hi)
-        implied = min(U_MAX, t_hbm / evaluate(u)[3]) if t_hbm > 0 else 0.0
+        implied = min(U_MAX, t_util / evaluate(u)[3]) if t_util > 0 else 0.0
         if implied > u:
             u_lo = u
         else:
@@ -829,6 +888,9 @@ def predict(*, shape: DecodeShape, hw, per_tile: Dict[str, float], fixed: Dict[s
     u = u_lo
     cand, round_cycles, t_cu, t_main = evaluate(u)
     round_bound = max(cand, key=cand.get)
+    if CU_CONTENTION == "mva":  # the walk, unless queueing behind the other workgroups added > 5% to it
+        units = {k: v for k, v in cand.items() if k != "latency"}
+        round_bound = max(units, key=units.get) if round_cycles > 1.05 * cand["latency"] else "latency"
     F = loaded(u)[1]
     launch = hwc.launch_us * 1e-6
     terms = dict(launch=hwc.launch_us, cu=t_cu * 1e6, memory=t_mem * 1e6)
@@ -865,6 +927,7 @@ def predict(*, shape: DecodeShape, hw, per_tile: Dict[str, float], fixed: Dict[s
         workgroups=wgs, partitions=partitions, m_groups=m_groups, tiles_per_workgroup=T, per_cu=per_cu,
         resident_workgroups=R, max_resident=r_max, generations=generations, round_cycles=round_cycles,
         round_terms=cand, simd_busy_terms=simd, latency_tile_cycles=L_tile, vm_stall_tile_cycles=L_vm,
+        demands=dict(issue=simd_busy, lds=lds_cu, vmem_addresser=ta_cu), contention=CU_CONTENTION,
         fixed_cycles=F, hbm_utilisation=u, loaded_latency_cycles=lat0 / (1.0 - u), hbm_bytes=hbm_bytes, partial_bytes=partial_bytes, l2_extra_bytes=extra_l2,
         vm_bytes_in_flight_per_wave=inflight, effective_bw=bw, hardware=hwc.to_dict(), clamped=clamped,
     )
