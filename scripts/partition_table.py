@@ -4,9 +4,9 @@
 ``pa_tile.stages.s6_split_k.choose_num_partitions`` can look it up at plan time without the
 emulator or the model (a table the model precomputes; nothing is fitted here).
 
-One command (CPU, the emulator backend; a few minutes)::
+One command (CPU, the emulator backend; about 13 CPU-minutes, ``--jobs 2`` halves the wall time)::
 
-    python scripts/partition_table.py [--out pa_tile/data/partition_table.json]
+    python scripts/partition_table.py [--out pa_tile/data/partition_table.json] [--jobs N]
 
 Per configuration (GPU, head_dim, group, query_length; :data:`CONFIGS`) it emulates one sample of
 stage s6 (``model.sample_stage``: one sequence of one KV head at two short contexts), walks its
@@ -24,6 +24,7 @@ changes.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import sys
@@ -52,7 +53,8 @@ def _even(tiles: int, p: int) -> int:
     return -(-tiles // per)
 
 
-def build(log=print):
+def _config(cfg):
+    """The table block of one (gpu, head_dim, group, query_length): independent of every other."""
     from pa_tile import backend
     from pa_tile.perf import hw as hwm
     from pa_tile.perf import model
@@ -61,49 +63,67 @@ def build(log=print):
 
     backend.set_backend("emu")
     backend.ensure_backend()
+    gpu, hd, g, ql = cfg
+    t0 = time.time()
+    hwc = hwm.hardware(gpu)
+    probe = DecodeShape(batch=1, context=1024, num_q_heads=g, num_kv_heads=1, head_dim=hd, block_size=16,
+                        query_length=ql)
+    smp = model.sample_stage("s6", probe, hwc.arch)
+    main = model.kernel_code(smp.main_asm, hw=hwc, vmem_segments=model.vmem_segments(smp.per_tile),
+                             line_counts=smp.line_per_tile or None)
+    red = model.kernel_code(smp.reduce_asm, smp.reduce_kernel, hw=hwc, cached=True) if smp.reduce_asm else None
+    best, gain = [], []
+    for n in SEQ_HEADS:
+        row, grow = [], []
+        for t in TILES:
+            shape = DecodeShape(batch=n, context=t * 256, num_q_heads=g, num_kv_heads=1, head_dim=hd,
+                                block_size=16, query_length=ql)
+            times = {}
+            for p in sorted({_even(t, p) for p in CANDIDATES if p <= min(t, s6.MAX_PARTITIONS)}):
+                times[p] = model.predict(shape=shape, hw=hwc, per_tile=smp.per_tile, fixed=smp.fixed, main=main,
+                                         waves_per_workgroup=smp.waves_per_workgroup, m_groups=smp.m_groups,
+                                         partitions=p, reduce=red).predicted_us
+            pick = 1
+            for p in sorted(times):
+                if times[p] < times[pick] * (1 - MIN_GAIN):
+                    pick = p
+            row.append(pick)
+            grow.append(round(times[1] / times[pick], 3))
+        best.append(row)
+        gain.append(grow)
+    block = dict(gpu=gpu, arch=hwc.arch, cu_count=hwc.compute_units, head_dim=hd, group=g, query_length=ql,
+                 m_groups=smp.m_groups, best=best, predicted_speedup_over_1=gain)
+    return block, f"{gpu} hd{hd} g{g} ql{ql}: {time.time() - t0:.0f} s"
+
+
+def build(log=print, jobs: int = 1):
+    from pa_tile.perf import model
+
     out = dict(
         generated_by="scripts/partition_table.py", model="pa_tile.perf.model (MODEL PREDICTIONS, not measurements)",
         loaded_latency=model.LOADED_LATENCY, min_gain=MIN_GAIN, seq_heads=SEQ_HEADS, tiles=TILES,
         candidates=list(CANDIDATES), configs=[])
-    for gpu, hd, g, ql in CONFIGS:
-        t0 = time.time()
-        hwc = hwm.hardware(gpu)
-        probe = DecodeShape(batch=1, context=1024, num_q_heads=g, num_kv_heads=1, head_dim=hd, block_size=16,
-                            query_length=ql)
-        smp = model.sample_stage("s6", probe, hwc.arch)
-        main = model.kernel_code(smp.main_asm, hw=hwc, vmem_segments=model.vmem_segments(smp.per_tile),
-                                 line_counts=smp.line_per_tile or None)
-        red = model.kernel_code(smp.reduce_asm, smp.reduce_kernel, hw=hwc, cached=True) if smp.reduce_asm else None
-        best, gain = [], []
-        for n in SEQ_HEADS:
-            row, grow = [], []
-            for t in TILES:
-                shape = DecodeShape(batch=n, context=t * 256, num_q_heads=g, num_kv_heads=1, head_dim=hd,
-                                    block_size=16, query_length=ql)
-                times = {}
-                for p in sorted({_even(t, p) for p in CANDIDATES if p <= min(t, s6.MAX_PARTITIONS)}):
-                    times[p] = model.predict(shape=shape, hw=hwc, per_tile=smp.per_tile, fixed=smp.fixed, main=main,
-                                             waves_per_workgroup=smp.waves_per_workgroup, m_groups=smp.m_groups,
-                                             partitions=p, reduce=red).predicted_us
-                pick = 1
-                for p in sorted(times):
-                    if times[p] < times[pick] * (1 - MIN_GAIN):
-                        pick = p
-                row.append(pick)
-                grow.append(round(times[1] / times[pick], 3))
-            best.append(row)
-            gain.append(grow)
-        out["configs"].append(dict(gpu=gpu, arch=hwc.arch, cu_count=hwc.compute_units, head_dim=hd, group=g,
-                                   query_length=ql, m_groups=smp.m_groups, best=best, predicted_speedup_over_1=gain))
-        log(f"{gpu} hd{hd} g{g} ql{ql}: {time.time() - t0:.0f} s")
+    with contextlib.ExitStack() as stack:
+        if jobs <= 1:
+            blocks = map(_config, CONFIGS)
+        else:
+            import multiprocessing
+
+            # spawn: each worker builds its own FlyDSL/MLIR context instead of inheriting a forked one
+            pool = stack.enter_context(multiprocessing.get_context("spawn").Pool(jobs))
+            blocks = pool.imap(_config, CONFIGS)  # in order: the file does not depend on --jobs
+        for block, line in blocks:
+            out["configs"].append(block)
+            log(line)
     return out
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=str(OUT))
+    ap.add_argument("--jobs", type=int, default=1, help="configurations built in parallel processes")
     args = ap.parse_args(argv)
-    table = build(lambda m: print(m, file=sys.stderr, flush=True))
+    table = build(lambda m: print(m, file=sys.stderr, flush=True), jobs=args.jobs)
     text = json.dumps(table, separators=(",", ":"))
     # one row per line: reviewable diffs
     text = text.replace("],[", "],\n[")

@@ -29,8 +29,10 @@ def test_pinned_model_choices(arch):
     # tile per partition (5) about 2x faster on MI300X (chapter 06)
     assert s6.choose_num_partitions(3, 1, 1027, arch=arch, group=16, query_length=4) == 5
     assert s6.choose_num_partitions(3, 1, 1027, arch=arch, group=16, query_length=4, policy="budget") == 1
-    # one long sequence on 8 KV heads: as many partitions as the kernel takes
-    assert s6.choose_num_partitions(1, 8, 32768, arch=arch) == 64
+    # one long sequence on 8 KV heads (128 tiles): on MI355X (256 CUs) as many partitions as the
+    # kernel takes; on MI300X (304 CUs) 32 x 8 = 256 workgroups of 4 tiles, where 64 is predicted
+    # only 0.4% faster (29.6 vs 29.7 us), inside the table's MIN_GAIN (2%): fewer partials win
+    assert s6.choose_num_partitions(1, 8, 32768, arch=arch) == {"gfx942": 32, "gfx950": 64}[arch]
     # nothing to split
     assert s6.choose_num_partitions(1, 1, 256, arch=arch) == 1
     assert s6.choose_num_partitions(1, 1, 1, arch=arch) == 1
