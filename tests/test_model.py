@@ -296,3 +296,18 @@ def test_utilisation_of_peak_loads_the_latency_less_and_keeps_the_floor():
             assert b.details["hbm_utilisation"] <= a.details["hbm_utilisation"] + 1e-9
     finally:
         model.UTILISATION_OF = old
+
+
+@pytest.mark.skipif(__import__("pa_tile.backend", fromlist=["x"]).current_backend() != "emu",
+                    reason="the sample is an emulator trace")
+def test_stage_6_is_sampled_unsplit_with_its_reduce_kernel():
+    """The sample's two runs must be the unsplit kernel at both contexts (their difference is the
+    per-tile figure), and the reduce comes from a third, split run. Stage 6's ``paged_decode``
+    takes ``num_partitions`` through ``**options``; when the sampler did not see it there, the
+    runs took the partition table's own split (so the table the model writes fed its own input)
+    and the sample had no reduce kernel and no branch frequencies."""
+    shape = DecodeShape(batch=1, context=1024, num_q_heads=8, num_kv_heads=1, head_dim=128, block_size=16)
+    smp = model.sample_stage("s6", shape, "gfx950")
+    assert smp.reduce_kernel and "pa_reduce" in smp.reduce_kernel and smp.reduce_asm
+    assert smp.line_per_tile  # both runs compiled the same (unsplit) kernel
+    assert smp.checks_ok

@@ -536,10 +536,14 @@ def _sample_shape(shape: DecodeShape, context: int) -> DecodeShape:
 
 
 def _accepts(fn, name: str) -> bool:
+    """Whether ``fn`` takes keyword ``name``: named in its signature, or taken by its ``**options``
+    (stage 6's ``paged_decode`` forwards them to ``pa_tile.api.paged_decode``; a forwarder that
+    does not take ``name`` after all fails the sample loudly with a TypeError)."""
     try:
-        return name in inspect.signature(fn).parameters
+        params = inspect.signature(fn).parameters
     except (TypeError, ValueError):
         return False
+    return name in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
 
 
 #: bytes of an L2 cache line on CDNA3/CDNA4 ([CDNA3-WP]: 128-byte lines); the vector-memory
