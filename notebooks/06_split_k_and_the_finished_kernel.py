@@ -367,12 +367,14 @@ def choose_num_partitions(num_seqs, num_kv_heads, max_context, *, arch, head_dim
     """The split-K partition count for a problem shape (1 = no split, no reduce).
 
     ``policy`` (None: :data:`DEFAULT_POLICY`) ``"model"``: the timing model's choice, looked up in :func:`partition_table`
-    (no emulator, no model at plan time): the configuration sampled nearest to this one (same
-    arch; nearest head_dim, then query rows ``group × query_length``, then query length), the grid
-    point nearest on a log scale to ``num_seqs × num_kv_heads`` (scaled by the table's CU count
-    over ``cu_count``: the model sees workgroups per CU) and to the 256-token tiles of
-    ``max_context``; it keeps that point's tiles per partition, then rounds so the tiles split
-    evenly. ``policy="budget"``: :func:`choose_num_partitions_budget`, the earlier rule of thumb.
+    (no emulator, no model at plan time): the part tabled for ``arch`` whose CU count is nearest
+    ``cu_count`` (MI300X 304 / MI308X 80 for gfx942, MI355X 256 for gfx950: bandwidth per CU
+    differs between parts, so an 80-CU part is not a 304-CU part with more sequences), the
+    configuration sampled nearest to this one (nearest head_dim, then query rows
+    ``group × query_length``, then query length), the grid point nearest on a log scale to
+    ``num_seqs × num_kv_heads`` (scaled by the part's CU count over ``cu_count``, exact for a
+    tabled part) and to the 256-token tiles of ``max_context``; it keeps that point's tiles per
+    partition, then rounds so the tiles split evenly. ``policy="budget"``: :func:`choose_num_partitions_budget`, the earlier rule of thumb.
     ``cu_count``: the device's (``pa_tile.backend.cu_count``); None takes the flagship part of
     ``arch`` (``pa_tile.arch``).
     """
@@ -388,6 +390,8 @@ def choose_num_partitions(num_seqs, num_kv_heads, max_context, *, arch, head_dim
     table = partition_table()
     rows = group * query_length
     configs = [c for c in table["configs"] if c["arch"] == arch]
+    part = min({c["cu_count"] for c in configs}, key=lambda n: abs(math.log2(n / max(1, cu_count))))
+    configs = [c for c in configs if c["cu_count"] == part]
     c = min(configs, key=lambda c: (abs(math.log2(c["head_dim"] / head_dim)),
                                     abs(math.log2(c["group"] * c["query_length"] / rows)),
                                     abs(c["query_length"] - query_length)))
@@ -429,16 +433,19 @@ print(format_table(hrows))
 # adds (each partition's prologue and merge, the partials' bytes, the reduce kernel, the grid's
 # waves over the CUs). `scripts/partition_table.py` runs it for stage 6 over a grid (sequences ×
 # KV heads from 1 to 4096, contexts of 1 to 512 tiles, four points per octave; 10 head_dim /
-# group / query-length configurations per GPU) and writes the fastest count per point to
-# `pa_tile/data/partition_table.json`, taking a larger count only when it is predicted more than
-# 2 % faster. `choose_num_partitions` looks the shape up there: no emulator and no model at plan
-# time, a dictionary lookup. Below: the model's predicted time against the partition count for
+# group / query-length configurations per part: MI300X, MI355X, and the 80-CU MI308X, whose
+# bandwidth per CU is 3.8x the MI300X's, so it is not a MI300X with more sequences) and writes
+# the fastest count per point to `pa_tile/data/partition_table.json`, taking a larger count only
+# when it is predicted more than 2 % faster. `choose_num_partitions` looks the shape up there: no
+# emulator and no model at plan time, a dictionary lookup. Below: the model's predicted time against the partition count for
 # four shapes, the rule of thumb's choice (open square) and the table's (star).
 #
-# How far to trust it: the model's held-out error on MI300X is in
-# `pa_tile/data/model_validation.md`, and the validation's weakest spot is exactly this: the steps
-# of the seed kernel's history that changed only the partition count at batch 64-128 were
-# predicted in the wrong direction. Where the rule left CUs idle (small batch, short context) the
+# How far to trust it: the model's held-out error is in `pa_tile/data/model_validation.md`
+# (measured on an 80-CU MI308X, the machine the seed kernel's commit messages were timed on), and
+# its weakest spot is exactly this trade: the steps of the seed kernel's history that changed only
+# the partition count (batch 64-256) are predicted in the right direction but not to size (batch
+# 96: measured 26 % faster, predicted 16 %; production's split count at batch 64: measured 7 %
+# slower, predicted 33 %). Where the rule left CUs idle (small batch, short context) the
 # model's extra partitions fill them, the direction nobody disputes; at large batch its choices
 # rest on the grid's wave quantization, the least validated part. And the table's grid is
 # coarse: between grid points it takes the nearest point's tiles per partition, which in the

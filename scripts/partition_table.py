@@ -16,7 +16,7 @@ predicts the launch at every candidate partition count (:data:`CANDIDATES`, thos
 tiles into distinct even shares) and keeps the fastest. A candidate must be predicted faster than
 the best smaller count by more than :data:`MIN_GAIN`, so the table does not trade partials'
 traffic for a predicted gain within the model's noise. Every figure in the file is a MODEL
-PREDICTION for the flagship part (MI300X 304 CUs, MI355X 256 CUs); the model's validation
+PREDICTION for its part (MI300X 304 CUs, MI308X 80, MI355X 256); the model's validation
 (pa_tile/data/model_validation.md) says how far to trust it, in particular on partition-only
 changes.
 """
@@ -35,7 +35,8 @@ ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "pa_tile" / "data" / "partition_table.json"
 
 #: (gpu, head_dim, group, query_length) sampled; other configurations take the nearest (s6 docs)
-CONFIGS = [(gpu, hd, g, ql) for gpu in ("mi300x", "mi355x")
+#: (the MI308X, gfx942 with 80 CUs and the MI300X's HBM, has 3.8x the bandwidth per CU: its own block)
+CONFIGS = [(gpu, hd, g, ql) for gpu in ("mi300x", "mi308x", "mi355x")
            for hd, g, ql in [(128, 1, 1), (128, 4, 1), (128, 8, 1), (128, 16, 1), (128, 32, 1), (128, 8, 2),
                              (128, 8, 4), (128, 16, 4), (64, 8, 1), (256, 8, 1)]]
 #: sequences x KV heads: 1 .. 4096, four points per octave

@@ -229,18 +229,19 @@ def test_mi308x_is_the_80_cu_gfx942_part_and_has_a_floor():
 
 def test_a_stage_is_predicted_with_the_split_it_would_pick_on_that_device():
     """``predict_stage`` without ``partitions`` asks the stage's chooser with the device's CU count,
-    as ``pa_tile.plan`` does on a GPU: the 80-CU MI308X gets fewer partitions than the MI300X."""
+    as ``pa_tile.plan`` does on a GPU: the 80-CU MI308X gets its own table's split (5 at 128 x 16k
+    tokens), not the MI300X's (3)."""
     from pa_tile.perf import hw, model
     from pa_tile.perf.roofline import DecodeShape
     from pa_tile.stages import s6_split_k as s6
 
-    shape = DecodeShape(batch=16, context=16384, num_q_heads=8, num_kv_heads=1, head_dim=128, block_size=16)
+    shape = DecodeShape(batch=128, context=16384, num_q_heads=8, num_kv_heads=1, head_dim=128, block_size=16)
     picks = {}
     for gpu in ("mi300x", "mi308x"):
         cus = hw.HARDWARE[gpu].compute_units
         picks[gpu] = model._stage_partitions("s6", shape, "gfx942", cus)
-        assert picks[gpu] == s6.choose_num_partitions(16, 1, 16384, arch="gfx942", cu_count=cus)
-    assert picks["mi308x"] < picks["mi300x"]
+        assert picks[gpu] == s6.choose_num_partitions(128, 1, 16384, arch="gfx942", cu_count=cus)
+    assert picks["mi308x"] != picks["mi300x"]
     assert model._stage_partitions("s4", shape, "gfx942", 80) == 1  # no split before chapter 6
 
 

@@ -14,9 +14,10 @@ ARCHS = ("gfx942", "gfx950")
 def test_table_covers_both_parts_and_says_what_it_is():
     t = s6.partition_table()
     assert "PREDICTIONS" in t["model"]
-    for arch, gpu in (("gfx942", "mi300x"), ("gfx950", "mi355x")):
-        configs = [c for c in t["configs"] if c["arch"] == arch]
-        assert configs and all(c["cu_count"] == hw.HARDWARE[gpu].compute_units for c in configs)
+    for arch, gpu in (("gfx942", "mi300x"), ("gfx942", "mi308x"), ("gfx950", "mi355x")):
+        configs = [c for c in t["configs"] if c["gpu"] == gpu]
+        assert configs and all(c["arch"] == arch and c["cu_count"] == hw.HARDWARE[gpu].compute_units
+                               for c in configs)
         for c in configs:
             assert len(c["best"]) == len(t["seq_heads"]) and all(len(r) == len(t["tiles"]) for r in c["best"])
             assert all(1 <= p <= min(s6.MAX_PARTITIONS, tl) for r in c["best"] for p, tl in zip(r, t["tiles"]))
@@ -41,12 +42,20 @@ def test_pinned_model_choices(arch):
     assert s6.choose_num_partitions(1024, 8, 1024, arch=arch) == 1
 
 
-def test_fewer_cus_look_like_more_sequences():
-    """The table is per flagship part; a device with half the CUs is read at twice the
-    workgroups per CU."""
+def test_a_part_between_tabled_ones_is_read_at_its_workgroups_per_cu():
+    """A 228-CU gfx942 part (MI300A) is read off the nearest tabled part, the 304-CU MI300X, at
+    304/228 times the sequences: 3 sequences there are 4 on the MI300X."""
     for n, ctx in ((8, 4096), (64, 16384), (3, 1027)):
-        assert (s6.choose_num_partitions(n, 1, ctx, arch="gfx942", cu_count=152)
-                == s6.choose_num_partitions(2 * n, 1, ctx, arch="gfx942"))
+        assert (s6.choose_num_partitions(3 * n, 1, ctx, arch="gfx942", cu_count=228)
+                == s6.choose_num_partitions(4 * n, 1, ctx, arch="gfx942"))
+
+
+def test_an_80_cu_gfx942_part_has_its_own_table():
+    """The MI308X has the MI300X's HBM on 80 CUs (3.8x the bandwidth per CU), so the model does
+    not see it as a MI300X with 3.8x the sequences: at 16 x 16k tokens it predicts 16 partitions
+    (47 us) where the MI300X's block read at 61 sequences gives 5 (73 us on the MI308X)."""
+    assert s6.choose_num_partitions(16, 1, 16384, arch="gfx942", cu_count=80) == 16
+    assert s6.choose_num_partitions(61, 1, 16384, arch="gfx942") == 5
 
 
 def test_policy_is_checked():
@@ -58,24 +67,25 @@ def test_policy_is_checked():
 
 @pytest.mark.skipif(backend.current_backend() != "emu", reason="the model samples the kernel in the emulator")
 def test_table_is_the_models_argmin():
-    """At a few grid points of MI300X, head_dim 128, group 8: the table's pick is the fastest the
+    """At a few grid points of MI300X and one of MI308X, head_dim 128, group 8: the table's pick is the fastest the
     model predicts (larger counts must win by more than the table's MIN_GAIN)."""
     from pa_tile.perf import model
     from pa_tile.perf.roofline import DecodeShape
 
     t = s6.partition_table()
-    c = next(c for c in t["configs"] if c["gpu"] == "mi300x" and c["head_dim"] == 128 and c["group"] == 8
-             and c["query_length"] == 1)
     probe = DecodeShape(batch=1, context=1024, num_q_heads=8, num_kv_heads=1, head_dim=128, block_size=16)
     smp = model.sample_stage("s6", probe, "gfx942")
-    for n, tiles in ((1, 16), (4, 5), (64, 64), (1024, 4)):
+    for gpu, n, tiles in (("mi300x", 1, 16), ("mi300x", 4, 5), ("mi300x", 64, 64), ("mi300x", 1024, 4),
+                          ("mi308x", 16, 64)):
+        c = next(c for c in t["configs"] if c["gpu"] == gpu and c["head_dim"] == 128 and c["group"] == 8
+                 and c["query_length"] == 1)
         i, j = t["seq_heads"].index(n), t["tiles"].index(tiles)
         shape = DecodeShape(batch=n, context=tiles * 256, num_q_heads=8, num_kv_heads=1, head_dim=128, block_size=16)
         times = {}
         for p in sorted({-(-tiles // -(-tiles // p)) for p in t["candidates"] if p <= tiles}):
-            times[p] = model.predict_stage("s6", shape, "mi300x", sample=smp, partitions=p).predicted_us
+            times[p] = model.predict_stage("s6", shape, gpu, sample=smp, partitions=p).predicted_us
         pick = 1
         for p in sorted(times):
             if times[p] < times[pick] * (1 - t["min_gain"]):
                 pick = p
-        assert c["best"][i][j] == pick, (n, tiles, times)
+        assert c["best"][i][j] == pick, (gpu, n, tiles, times)

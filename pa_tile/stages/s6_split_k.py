@@ -178,12 +178,14 @@ def choose_num_partitions(num_seqs, num_kv_heads, max_context, *, arch, head_dim
     """The split-K partition count for a problem shape (1 = no split, no reduce).
 
     ``policy`` (None: :data:`DEFAULT_POLICY`) ``"model"``: the timing model's choice, looked up in :func:`partition_table`
-    (no emulator, no model at plan time): the configuration sampled nearest to this one (same
-    arch; nearest head_dim, then query rows ``group × query_length``, then query length), the grid
-    point nearest on a log scale to ``num_seqs × num_kv_heads`` (scaled by the table's CU count
-    over ``cu_count``: the model sees workgroups per CU) and to the 256-token tiles of
-    ``max_context``; it keeps that point's tiles per partition, then rounds so the tiles split
-    evenly. ``policy="budget"``: :func:`choose_num_partitions_budget`, the earlier rule of thumb.
+    (no emulator, no model at plan time): the part tabled for ``arch`` whose CU count is nearest
+    ``cu_count`` (MI300X 304 / MI308X 80 for gfx942, MI355X 256 for gfx950: bandwidth per CU
+    differs between parts, so an 80-CU part is not a 304-CU part with more sequences), the
+    configuration sampled nearest to this one (nearest head_dim, then query rows
+    ``group × query_length``, then query length), the grid point nearest on a log scale to
+    ``num_seqs × num_kv_heads`` (scaled by the part's CU count over ``cu_count``, exact for a
+    tabled part) and to the 256-token tiles of ``max_context``; it keeps that point's tiles per
+    partition, then rounds so the tiles split evenly. ``policy="budget"``: :func:`choose_num_partitions_budget`, the earlier rule of thumb.
     ``cu_count``: the device's (``pa_tile.backend.cu_count``); None takes the flagship part of
     ``arch`` (``pa_tile.arch``).
     """
@@ -199,6 +201,8 @@ def choose_num_partitions(num_seqs, num_kv_heads, max_context, *, arch, head_dim
     table = partition_table()
     rows = group * query_length
     configs = [c for c in table["configs"] if c["arch"] == arch]
+    part = min({c["cu_count"] for c in configs}, key=lambda n: abs(math.log2(n / max(1, cu_count))))
+    configs = [c for c in configs if c["cu_count"] == part]
     c = min(configs, key=lambda c: (abs(math.log2(c["head_dim"] / head_dim)),
                                     abs(math.log2(c["group"] * c["query_length"] / rows)),
                                     abs(c["query_length"] - query_length)))
