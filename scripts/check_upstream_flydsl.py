@@ -3,7 +3,7 @@
 Usage: python scripts/check_upstream_flydsl.py [-h | --help] /path/to/FlyDSL-checkout [example.py ... | --kernels [warn] |
        --tests test_file.py ... [-k SUBSTR ...] [--set NAME=VALUE ...] [--arch ARCH] [--lds-races warn]
        [--skip SUBSTR ...] [--lds-oob hardware] [--quantum N] [--timeout SECONDS] [--dump-asm DIR]
-       [--raw-ptr-load] [--overread BYTES]]
+       [--raw-ptr-load] [--overread BYTES] [--bench-by-instructions]]
 
 ``--tests`` options: ``-k`` keeps only cases whose label (``test_name[params] arch``) contains
 every given substring, ``--skip`` drops those containing any given one (``--skip large_shape``); ``--set NAME=VALUE`` (VALUE a Python literal) replaces that parameter's
@@ -21,7 +21,11 @@ where flydsl 0.5.0 calls ``C(value)`` and fails (``BF16Ty() takes no arguments``
 kernel); ``--sub 'OLD=>NEW'`` replaces text in the test module's source before it runs (shapes a test
 hard-codes, e.g. ``--sub 'M, N, K = 16, 5120, 8192=>M, N, K = 16, 128, 1024'``); ``--arch`` runs
 one arch only. FlyDSL's ``run_perftest`` helper calls its function once (the
-emulator measures no time).
+emulator measures no time). ``--bench-by-instructions`` answers ``flydsl.autotune.do_bench`` (which
+times with device events the emulator refuses: ``NoDeviceClock``) with the number of instructions
+the emulator executed in one call of the benchmarked function: a deterministic ranking proxy, NOT a
+time, so an autotuning test's correctness and caching assertions get a verdict while which
+candidate is fastest on hardware stays unanswered.
 
 A check of the emulator's reach, not part of the test suite. Nothing of FlyDSL is copied: each
 example file is read from the given checkout and executed with its CUDA device strings mapped to
@@ -332,6 +336,48 @@ def _raw_ptr_load() -> None:
         fx.ptr_load = ptr_load
 
 
+def _instruction_bench(fn, warmup=5, rep=25, quantiles=None, **_ignored):
+    """``--bench-by-instructions``: ``flydsl.autotune.do_bench``'s signature, answered with the
+    number of instructions the emulator executed while ``fn()`` ran once (every launch in it, all
+    waves), as a float where do_bench returns milliseconds. A ranking proxy, not a time: no
+    warmup or repeats (the count is deterministic)."""
+    from pa_tile.emu import launch, memory
+
+    class _Count(memory.Trace):  # counts only: an autotuning sweep's access records would fill memory
+        def global_access(self, *a, **k):
+            pass
+
+        def lds_access(self, *a, **k):
+            pass
+
+    trace = _Count(launch.current_arch())
+    # in place, not a copy: the case's other options and the regions _raw_pointer_regions adds stay
+    opts = launch._local.options
+    saved = opts["trace"]
+    opts["trace"] = trace
+    try:
+        fn()
+    finally:
+        opts["trace"] = saved
+    n = float(trace.seq)
+    return [n for _ in quantiles] if quantiles else n
+
+
+def _bench_by_instructions() -> None:
+    """Install :func:`_instruction_bench` as ``flydsl.autotune.do_bench``, and in every module
+    already holding the original (``from flydsl.autotune import do_bench``)."""
+    import importlib
+
+    # the module itself: `import flydsl.autotune as m` binds flydsl's `autotune` decorator instead
+    autotune = importlib.import_module("flydsl.autotune")
+    orig = autotune.do_bench
+    if orig is _instruction_bench:
+        return
+    for mod in [autotune, *list(sys.modules.values())]:
+        if getattr(mod, "do_bench", None) is orig:
+            mod.do_bench = _instruction_bench
+
+
 def run_tests(root: Path, files, lds_races: str = "raise", select=(), overrides=None, archs=("gfx942", "gfx950"),
               subs=(), dump_asm=None, skip=(), timeout=0, quantum=None) -> None:
     import inspect
@@ -570,6 +616,8 @@ def main(argv):
                 OVERREAD = int(next(rest))
             elif a == "--raw-ptr-load":
                 _raw_ptr_load()
+            elif a == "--bench-by-instructions":
+                _bench_by_instructions()
             else:
                 files.append(a)
         run_tests(root, files, races, select, overrides, archs, subs, dump, skip, limit, quantum)

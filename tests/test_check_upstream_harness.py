@@ -194,3 +194,51 @@ def test_a_case_whose_loads_used_the_overread_slack_says_so(tmp_path, capsys, mo
         "                                 regions=[], overread=14, overreads=3))\n")
     assert "test_ovn.py::test_ovn gfx942: PASS [over-read: 3 lane loads ran past a tensor's end, read 0xFF]" in \
         _run_probe(tmp_path, "test_ovn.py", monkeypatch, capsys)
+
+
+def test_bench_by_instructions_answers_do_bench_with_the_emulators_instruction_count(monkeypatch):
+    # --bench-by-instructions: FlyDSL's autotuners call flydsl.autotune.do_bench, which times with
+    # device events (NoDeviceClock here); the stand-in runs the function once and returns the number
+    # of instructions the emulator executed, in place of milliseconds (a ranking proxy, not a time)
+    import importlib
+
+    import torch
+
+    from pa_tile import backend
+    from pa_tile.emu import launch
+    from pa_tile.emu.memory import Trace
+    from pa_tile.tiny_kernels import scale_add
+
+    if backend.current_backend() != "emu":
+        import pytest
+
+        pytest.skip("emulator-tier test")
+    backend.ensure_backend()
+    autotune = importlib.import_module("flydsl.autotune")
+    monkeypatch.setattr(autotune, "do_bench", autotune.do_bench)
+    holder = type(sys)("holder_of_do_bench")  # a module that did `from flydsl.autotune import do_bench`
+    holder.do_bench = autotune.do_bench
+    monkeypatch.setitem(sys.modules, holder.__name__, holder)
+    h = _harness()
+    h._bench_by_instructions()
+    assert autotune.do_bench is h._instruction_bench and holder.do_bench is h._instruction_bench
+
+    x, y = torch.randn(64, 128), torch.randn(64, 128)
+    out = torch.zeros(64, 128)
+    calls = []
+
+    def run(rows):
+        calls.append(rows)
+        scale_add(x[:rows], y[:rows], out[:rows], 2.0)
+
+    with launch.launch_options(overread=14):
+        small = autotune.do_bench(lambda: run(16), warmup=5, rep=20)
+        big = autotune.do_bench(lambda: run(64), quantiles=[0.2, 0.5, 0.8])
+        assert launch._local.options["overread"] == 14 and launch._local.options["trace"] is None
+    assert calls == [16, 64]  # once each: the count needs no warmup or repeats
+    assert torch.equal(out, 2.0 * x + y)
+    direct = Trace(launch.current_arch())
+    with launch.launch_options(trace=direct):
+        scale_add(x[:16], y[:16], out[:16], 2.0)
+    assert small == float(direct.seq) > 0
+    assert big == [big[0]] * 3 and big[0] > small  # four times the workgroups
