@@ -437,8 +437,9 @@ print(format_table(hrows))
 # bandwidth per CU is 3.8x the MI300X's, so it is not a MI300X with more sequences) and writes
 # the fastest count per point to `pa_tile/data/partition_table.json`, taking a larger count only
 # when it is predicted more than 2 % faster. `choose_num_partitions` looks the shape up there: no
-# emulator and no model at plan time, a dictionary lookup. Below: the model's predicted time against the partition count for
-# four shapes, the rule of thumb's choice (open square) and the table's (star).
+# emulator and no model at plan time, a dictionary lookup. Below: the model's predicted time
+# against the partition count for four shapes, the rule of thumb's choice (open square) and the
+# table's (star).
 #
 # How far to trust it: the model's held-out error is in `pa_tile/data/model_validation.md`
 # (measured on an 80-CU MI308X, the machine the seed kernel's commit messages were timed on), and
@@ -449,8 +450,8 @@ print(format_table(hrows))
 # model's extra partitions fill them, the direction nobody disputes; at large batch its choices
 # rest on the grid's wave quantization, the least validated part. And the table's grid is
 # coarse: between grid points it takes the nearest point's tiles per partition, which in the
-# quantization-dominated regime can pick a count the model itself predicts a few % slower (the
-# last panel on MI300X).
+# quantization-dominated regime can pick a count the model itself predicts a few % slower than
+# its argmin at the exact shape (none of the four shapes below).
 
 # %% tags=["nbval-ignore-output"]
 from pa_tile import figures  # noqa: E402
@@ -499,17 +500,16 @@ else:
 # %% [markdown]
 # At small batch the rule of thumb was the expensive one: 3 sequences of 1027 tokens with 64
 # query rows per KV head got no split at all (the budget allows none at 64 rows), and the model
-# predicts one partition per tile about 1.6x faster on both GPUs; the chapter's own ragged set (4 ×
-# 1027, 8 rows) goes from 2 partitions to 5, about 1.5x (predicted). The price is bytes: each
+# predicts one partition per tile about 1.5x faster on both GPUs; the chapter's own ragged set (4 ×
+# 1027, 8 rows) goes from 2 partitions to 5, about 1.3x (predicted). The price is bytes: each
 # partition re-reads the query and its page ids and the reduce reads the partials back, +8 % of
 # the loads at 8 rows, and at 64 rows 1.58x the compulsory bytes instead of 0.96x unsplit (K and V
 # are read once either way; `tests/test_traffic.py` pins both), which these latency-bound small
-# launches can afford. At 16 × 8 KV heads × 32k the model splits a little less than the rule on
-# MI300X (8 against 10; its own argmin is 9, a grid-lookup miss) and the same on MI355X. At
-# 152 × 8 × 32k (4 workgroups per CU unsplit) the two part ways: on MI355X the model splits
-# 5-way (its argmin) to even out the last wave of workgroups; on MI300X the table picks 8, which
-# the model itself predicts a hair slower than no split (its argmin): the grid-lookup miss
-# described above. (All of these are MODEL predictions.)
+# launches can afford. At 16 × 8 KV heads × 32k the model splits far less than the rule (3
+# against 10 and 8) for about the same predicted time (1 % better): the reduce reads every
+# partition's partials back, and 3 partitions already make 384 workgroups (304 / 256 CUs). At
+# 152 × 8 × 32k (4-5 workgroups per CU unsplit) both leave it unsplit. Here the table's pick is
+# the model's own argmin at the exact shape in every row. (All of these are MODEL predictions.)
 #
 # ## The workspace
 #

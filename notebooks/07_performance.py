@@ -346,7 +346,7 @@ plt.show()
 # What the model says, in its own terms (the table's `bound` column): every stage is limited by
 # memory latency per wave, not by HBM bandwidth. At 16 sequences × 1 KV head the unsplit stages
 # run 16 workgroups on 304 (256) CUs, each walking 64 tiles in turn, so the time is one
-# workgroup's latency chain; stage 6's split (64 partitions of one tile here) spreads the work
+# workgroup's latency chain; stage 6's split (16 partitions of 4 tiles here) spreads the work
 # over the machine, which is where nearly all of its predicted gain comes from. Stage 1's
 # tile-API loads and LDS round trips make it the slowest by a wide margin; stage 5 is predicted
 # slower than stage 4 at this shape, a model's reading not analysed here and that only a GPU can
@@ -354,7 +354,7 @@ plt.show()
 # (the part its time was measured on), prediction with prediction: the model lands within a few
 # percent of upstream's measured time there (printed above; that point is one of the fit
 # points), and it puts stage 6, with the 16 partitions it would choose on that 80-CU part, about
-# 10 % below upstream's predicted time. That is a model's ranking inside its own error bar, not a
+# a fifth below upstream's predicted time (47 against 57 µs). That is a model's ranking inside its own error bar, not a
 # win: neither bar is a measurement of ours.
 #
 # ## 5 · Timings (ROCm GPU only)
