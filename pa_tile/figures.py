@@ -585,8 +585,9 @@ def partition_sweep(panels: Mapping[str, Mapping[str, tuple]], picks: Mapping[st
                     *, note: str = ""):
     """Predicted time against the split-K partition count, one panel per problem shape.
 
-    ``panels[label][gpu] = (partitions, predicted_us)``; ``picks[label][gpu] = {"rule": P, "model": P}``
-    marks the two policies' choices. Every figure drawn is a MODEL PREDICTION: the title says so."""
+    ``panels[label][gpu] = (partitions, predicted_us)``; ``picks[label][gpu]`` maps policies
+    (``"rule"``, ``"fastest"``: the model's table, ``"default"``: the table capped at the traffic
+    budget) to the count each chose. Every figure drawn is a MODEL PREDICTION: the title says so."""
     plt = _plt()
     n = len(panels)
     cols = min(n, 2)
@@ -597,12 +598,12 @@ def partition_sweep(panels: Mapping[str, Mapping[str, tuple]], picks: Mapping[st
             color = LINE_COLORS[k % len(LINE_COLORS)]
             ax.plot(ps, us, "-", color=color, lw=1.2, label=f"{gpu} (predicted)")
             pk = picks.get(label, {}).get(gpu, {})
-            for what, marker in (("rule", "s"), ("model", "*")):
+            for what, marker, name in (("rule", "s", "rule of thumb"), ("fastest", "*", "model's fastest"),
+                                       ("default", "o", "default (traffic cap)")):
                 if what in pk and pk[what] in ps:
                     i = list(ps).index(pk[what])
-                    ax.plot([ps[i]], [us[i]], marker, color=color, ms=9 if marker == "*" else 6,
-                            mfc="white" if marker == "s" else color, mec=color,
-                            label=f"{gpu}: {'rule of thumb' if what == 'rule' else 'model'} P={pk[what]}")
+                    ax.plot([ps[i]], [us[i]], marker, color=color, ms={"*": 11, "o": 5}.get(marker, 7),
+                            mfc="white" if marker == "s" else color, mec=color, label=f"{gpu}: {name} P={pk[what]}")
         ax.set_xscale("log", base=2)
         ax.set_ylim(bottom=0)
         _style(ax, title=label, xlabel="partitions P", ylabel="predicted µs")

@@ -111,8 +111,9 @@ def test_explicit_arch_must_match_the_device():
 
 
 def test_cu_count_comes_from_the_device():
-    """MI300A has 228 CUs, not MI300X's 304: the split follows the device."""
-    case = _case(contexts=(16000,), heads=(8, 8))
+    """The split follows the device's CU count (the plan asks the simulated device): 2 x 16000
+    tokens on 8 KV heads split 16 ways on a 304-CU MI300X, fewer on a 38-CU part."""
+    case = _case(contexts=(16000, 16000), heads=(8, 8))
     real = _inputs(case)
     with FakeTensorMode() as mode:
         with backend.simulate_gpu("gfx942", cu_count=304):

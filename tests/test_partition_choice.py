@@ -25,11 +25,15 @@ def test_table_covers_both_parts_and_says_what_it_is():
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_pinned_model_choices(arch):
-    # the shape the rule of thumb got most wrong: 3 sequences x 1027 tokens, 16 heads over 1 KV
-    # head, 4 query tokens (64 rows): the budget allowed no split (1); the model predicts one
-    # tile per partition (5) about 2x faster on MI300X (chapter 06)
-    assert s6.choose_num_partitions(3, 1, 1027, arch=arch, group=16, query_length=4) == 5
+    # 3 sequences x 1027 tokens, 16 heads over 1 KV head, 4 query tokens (64 rows): the model
+    # predicts one tile per partition (5) ~1.5x faster than none ("fastest"), but its partials
+    # would load 1.58x the compulsory bytes: the default, capped at 1.05x, does not split; nor
+    # does the rule of thumb's budget
+    assert s6.choose_num_partitions(3, 1, 1027, arch=arch, group=16, query_length=4, policy="fastest") == 5
+    assert s6.choose_num_partitions(3, 1, 1027, arch=arch, group=16, query_length=4) == 1
     assert s6.choose_num_partitions(3, 1, 1027, arch=arch, group=16, query_length=4, policy="budget") == 1
+    # 8 rows: the cap allows 2 of the model's 5
+    assert s6.choose_num_partitions(3, 1, 1027, arch=arch, group=8) == 2
     # one long sequence on 8 KV heads (128 tiles): a wide split, but not the kernel's 64: the
     # reduce reads every partition's partials (predicted on MI300X 492 us unsplit, 57.6 at 22,
     # 56.5 at 26-32, 71.5 at 64; MI355X 48.6 / 47.6 / 58.6); MI300X's 22 is the grid point's
@@ -58,9 +62,19 @@ def test_an_80_cu_gfx942_part_has_its_own_table():
     assert s6.choose_num_partitions(61, 1, 16384, arch="gfx942") == 5
 
 
+def test_the_cap_takes_the_largest_even_split_within_it():
+    for n, kvh, ctx, g, ql in ((3, 1, 1027, 8, 1), (81, 1, 1027, 32, 4), (4, 8, 4096, 8, 2), (1, 8, 32768, 8, 1)):
+        fastest = s6.choose_num_partitions(n, kvh, ctx, arch="gfx942", group=g, query_length=ql, policy="fastest")
+        p = s6.choose_num_partitions(n, kvh, ctx, arch="gfx942", group=g, query_length=ql)
+        assert p <= fastest and (p == 1 or s6.within_traffic_cap(n, kvh, ctx, p, group=g, query_length=ql))
+        tiles = -(-ctx // 256)
+        larger = [q for q in range(p + 1, fastest + 1) if -(-tiles // -(-tiles // q)) == q]
+        assert not any(s6.within_traffic_cap(n, kvh, ctx, q, group=g, query_length=ql) for q in larger)
+
+
 def test_policy_is_checked():
     with pytest.raises(ValueError, match="policy"):
-        s6.choose_num_partitions(1, 1, 1000, arch="gfx942", policy="fastest")
+        s6.choose_num_partitions(1, 1, 1000, arch="gfx942", policy="quickest")
     with pytest.raises(ValueError, match="arch"):
         s6.choose_num_partitions(1, 1, 1000, arch="gfx90a")
 

@@ -28,7 +28,8 @@ from pa_tile.kernel_lib import LOG2E, TILE, buffer_load, buffer_store, exp2, fma
 from pa_tile.stages import s5_phase_split_mtp as s5
 
 __all__ = ["paged_decode", "launch_args", "build_reduce", "combine_torch", "choose_num_partitions",
-           "choose_num_partitions_budget", "partition_table", "DEFAULT_POLICY", "workspace_size", "carve", "make_workspace", "LIMITS",
+           "choose_num_partitions_budget", "partition_table", "DEFAULT_POLICY", "TRAFFIC_CAP", "split_extra_bytes",
+           "within_traffic_cap", "workspace_size", "carve", "make_workspace", "LIMITS",
            "MAX_PARTITIONS", "PARTIAL_BYTES_BUDGET"]
 
 #: the finished kernel supports what chapter 5's does; the split is what this chapter adds
@@ -151,9 +152,16 @@ def choose_num_partitions_budget(num_seqs, num_kv_heads, max_context, *, arch, h
     return -(-tiles // per)
 
 
-#: how ``choose_num_partitions`` decides by default: "model" (the timing model's table) or
-#: "budget" (the rule of thumb above)
+#: how ``choose_num_partitions`` decides by default: "model" (the timing model's table, capped
+#: at :data:`TRAFFIC_CAP`), "fastest" (the table uncapped) or "budget" (the rule of thumb above)
 DEFAULT_POLICY = "model"
+#: the "model" policy's split may load at most this many times the call's compulsory bytes
+#: (``pa_tile.perf.tracing.compulsory_bytes``; issue #12: decode is memory-bound, bytes are the metric)
+TRAFFIC_CAP = 1.05
+#: the first-principles extra bytes of a split (:func:`split_extra_bytes`) times this bound what
+#: the emulator measures a split loading beyond the unsplit call (query and page-id re-reads at
+#: partition edges, the reduce's two passes over the stats): ``tests/test_traffic.py`` checks it
+SPLIT_EXTRA_MARGIN = 1.25
 
 
 @functools.lru_cache(maxsize=None)
@@ -173,8 +181,36 @@ def _nearest(values, x):
     return min(range(len(values)), key=lambda i: abs(math.log(values[i]) - lx))
 
 
+def split_extra_bytes(num_seqs, num_kv_heads, head_dim, group, query_length, num_partitions, query_bytes=2):
+    """Bytes a split into ``num_partitions`` loads beyond the unsplit call, from first principles:
+    every partition after the first re-reads its KV head's query rows, and the reduce reads each
+    partition's float32 partials back (``rows × (head_dim + 2)``: output, max, sum)."""
+    if num_partitions <= 1:
+        return 0
+    rows = group * query_length
+    per_head = (num_partitions - 1) * rows * head_dim * query_bytes + num_partitions * rows * (head_dim + 2) * 4
+    return num_seqs * num_kv_heads * per_head
+
+
+def within_traffic_cap(num_seqs, num_kv_heads, max_context, num_partitions, *, head_dim=128, group=8,
+                       query_length=1, block_size=16, per_token=False, query_bytes=2):
+    """Whether a split of ``num_partitions`` keeps the call at or under :data:`TRAFFIC_CAP` x its
+    compulsory bytes: the unsplit call taken at its compulsory bytes (every sequence at
+    ``max_context``), plus :data:`SPLIT_EXTRA_MARGIN` x :func:`split_extra_bytes`."""
+    from pa_tile.perf.roofline import DecodeShape
+    from pa_tile.perf.tracing import compulsory_bytes
+
+    shape = DecodeShape(batch=num_seqs, context=max(1, max_context), num_q_heads=group * num_kv_heads,
+                        num_kv_heads=num_kv_heads, head_dim=head_dim, block_size=block_size,
+                        query_length=query_length, scales="per-token" if per_token else "per-tensor",
+                        query_bytes=query_bytes)
+    extra = SPLIT_EXTRA_MARGIN * split_extra_bytes(num_seqs, num_kv_heads, head_dim, group, query_length,
+                                                   num_partitions, query_bytes)
+    return extra <= (TRAFFIC_CAP - 1.0) * compulsory_bytes(shape)
+
+
 def choose_num_partitions(num_seqs, num_kv_heads, max_context, *, arch, head_dim=128, group=8, query_length=1,
-                          cu_count=None, policy=None):
+                          cu_count=None, policy=None, block_size=16, per_token=False, query_bytes=2):
     """The split-K partition count for a problem shape (1 = no split, no reduce).
 
     ``policy`` (None: :data:`DEFAULT_POLICY`) ``"model"``: the timing model's choice, looked up in :func:`partition_table`
@@ -185,16 +221,20 @@ def choose_num_partitions(num_seqs, num_kv_heads, max_context, *, arch, head_dim
     ``group × query_length``, then query length), the grid point nearest on a log scale to
     ``num_seqs × num_kv_heads`` (scaled by the part's CU count over ``cu_count``, exact for a
     tabled part) and to the 256-token tiles of ``max_context``; it keeps that point's tiles per
-    partition, then rounds so the tiles split evenly. ``policy="budget"``: :func:`choose_num_partitions_budget`, the earlier rule of thumb.
-    ``cu_count``: the device's (``pa_tile.backend.cu_count``); None takes the flagship part of
-    ``arch`` (``pa_tile.arch``).
+    partition, then rounds so the tiles split evenly; then it takes the largest even split not
+    above that whose bytes stay within :data:`TRAFFIC_CAP` (:func:`within_traffic_cap`, which
+    reads ``block_size``, ``per_token`` scales and ``query_bytes``). ``"fastest"``: the table's
+    count uncapped (at small batches with many query rows the model predicts it up to ~1.5x
+    faster, for up to ~1.6x the compulsory bytes: chapter 06). ``"budget"``:
+    :func:`choose_num_partitions_budget`, the earlier rule of thumb. ``cu_count``: the device's
+    (``pa_tile.backend.cu_count``); None takes the flagship part of ``arch`` (``pa_tile.arch``).
     """
     policy = DEFAULT_POLICY if policy is None else policy
     if policy == "budget":
         return choose_num_partitions_budget(num_seqs, num_kv_heads, max_context, arch=arch, head_dim=head_dim,
                                             group=group, query_length=query_length, cu_count=cu_count)
-    if policy != "model":
-        raise ValueError(f"policy: expected 'model' or 'budget', got {policy!r}")
+    if policy not in ("model", "fastest"):
+        raise ValueError(f"policy: expected 'model', 'fastest' or 'budget', got {policy!r}")
     if cu_count is None:
         cu_count = _arch.info(arch).cu_count
     _arch.check_arch(arch)
@@ -212,7 +252,14 @@ def choose_num_partitions(num_seqs, num_kv_heads, max_context, *, arch, head_dim
     per = -(-table["tiles"][j] // c["best"][i][j])  # the grid point's tiles per partition
     parts = max(1, min(-(-tiles // per), MAX_PARTITIONS))
     per = -(-tiles // parts)
-    return -(-tiles // per)
+    parts = -(-tiles // per)
+    if policy == "model":
+        while parts > 1 and not within_traffic_cap(num_seqs, num_kv_heads, max_context, parts, head_dim=head_dim,
+                                                   group=group, query_length=query_length, block_size=block_size,
+                                                   per_token=per_token, query_bytes=query_bytes):
+            per += 1
+            parts = -(-tiles // per)  # the next smaller even split
+    return parts
 
 
 def workspace_size(num_seqs, num_kv_heads, group, query_length, head_dim, num_partitions):
