@@ -202,9 +202,10 @@ plt.show()
 #   pays the row sums' merge through the same table once per partition.
 # * **Executed work.** Stage 1 executes ~3200 wave-instructions per tile; stage 2 about 750
 #   (4x less), stage 3 adds ~20% for its pipelining bookkeeping; stage 5's head_dim split adds
-#   its sharing (~850, for fewer registers). Stage 6 splits a sequence into partitions of one or
-#   two tiles, each with its own prologue, merge and partial store, plus a reduce: about 2.6x
-#   stage 5's instructions per tile at batch 1.
+#   its sharing (~850, for fewer registers). Stage 6 splits a sequence into partitions of two
+#   or three tiles here (its default: the model's table within the traffic cap), each with its
+#   own prologue, merge and partial store, plus a reduce: about 1.4x stage 5's instructions per
+#   tile at batch 1.
 #   That is the price of putting more CUs on one sequence; whether it pays is a question of
 #   parallelism, which only a GPU timing answers.
 #

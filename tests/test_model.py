@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from pa_tile import backend
 from pa_tile.perf import hw, model
 from pa_tile.perf.roofline import DecodeShape, time_floor
 
@@ -299,8 +300,7 @@ def test_utilisation_of_peak_loads_the_latency_less_and_keeps_the_floor():
         model.UTILISATION_OF = old
 
 
-@pytest.mark.skipif(__import__("pa_tile.backend", fromlist=["x"]).current_backend() != "emu",
-                    reason="the sample is an emulator trace")
+@pytest.mark.skipif(backend.current_backend() != "emu", reason="the sample is an emulator trace")
 def test_stage_6_is_sampled_unsplit_with_its_reduce_kernel():
     """The sample's two runs must be the unsplit kernel at both contexts (their difference is the
     per-tile figure), and the reduce comes from a third, split run. Stage 6's ``paged_decode``

@@ -985,8 +985,10 @@ def _stage_partitions(stage: str, shape: DecodeShape, arch: str, cu_count: int) 
     fn = getattr(mod, "choose_num_partitions", None)
     if fn is None:
         return 1
+    kw = dict(block_size=shape.block_size, per_token=shape.scales == "per-token", query_bytes=shape.query_bytes)
+    kw = {k: v for k, v in kw.items() if k in inspect.signature(fn).parameters}  # what its traffic cap reads
     return int(fn(shape.batch, shape.num_kv_heads, shape.max_context, arch=arch, head_dim=shape.head_dim,
-                  group=shape.group, query_length=shape.query_length, cu_count=cu_count))
+                  group=shape.group, query_length=shape.query_length, cu_count=cu_count, **kw))
 
 
 def format_prediction(p: Prediction) -> str:
