@@ -81,8 +81,8 @@ def test_policy_is_checked():
 
 @pytest.mark.skipif(backend.current_backend() != "emu", reason="the model samples the kernel in the emulator")
 def test_table_is_the_models_argmin():
-    """At a few grid points of MI300X and one of MI308X, head_dim 128, group 8: the table's pick is the fastest the
-    model predicts (larger counts must win by more than the table's MIN_GAIN)."""
+    """At a few grid points of MI300X and one of MI308X, head_dim 128, group 8: the table's pick
+    is the fastest the model predicts (larger counts must win by more than the table's MIN_GAIN)."""
     from pa_tile.perf import model
     from pa_tile.perf.roofline import DecodeShape
 

@@ -53,9 +53,10 @@ def forced_partitions(monkeypatch):
 
 
 # The upstream test grid's shape (3 x 1027 tokens, head_dim 128, one KV head; block 16 here), with
-# the default plan (the model's split within the traffic cap): measured loaded / compulsory bytes. Compulsory rounds K/V up to whole 256-token
-# tiles; the kernel reads only up to the last page, so loading every byte once lands below 1
-# (about 1.07x the visible tokens' bytes: the last page, page ids, query).
+# the default plan (the model's split within the traffic cap): measured loaded / compulsory
+# bytes. Compulsory rounds K/V up to whole 256-token tiles; the kernel reads only up to the last
+# page, so loading every byte once lands below 1 (about 1.07x the visible tokens' bytes: the last
+# page, page ids, query).
 # The whole grid: query_length 1-4 x group 8/16/32 x both scale kinds x both arches: every
 # M-tile in one workgroup, P·V split by head_dim, K/V read once.
 ONCE = [(arch, g, ql, sc) for arch in ("gfx942", "gfx950") for g in (8, 16, 32) for ql in (1, 2, 3, 4)
