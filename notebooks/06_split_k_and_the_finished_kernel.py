@@ -384,21 +384,29 @@ def split_extra_bytes(num_seqs, num_kv_heads, head_dim, group, query_length, num
     return num_seqs * num_kv_heads * per_head
 
 
+@functools.lru_cache(maxsize=1024)  # one shape's bytes, asked once per candidate split
+def _uniform_compulsory_bytes(num_seqs, num_kv_heads, max_context, head_dim, group, query_length, block_size,
+                              per_token, query_bytes):
+    """``pa_tile.perf.tracing.compulsory_bytes`` with every sequence at ``max_context``."""
+    from pa_tile.perf.roofline import DecodeShape
+    from pa_tile.perf.tracing import compulsory_bytes
+
+    return compulsory_bytes(DecodeShape(
+        batch=num_seqs, context=max(1, max_context), num_q_heads=group * num_kv_heads, num_kv_heads=num_kv_heads,
+        head_dim=head_dim, block_size=block_size, query_length=query_length,
+        scales="per-token" if per_token else "per-tensor", query_bytes=query_bytes))
+
+
 def within_traffic_cap(num_seqs, num_kv_heads, max_context, num_partitions, *, head_dim=128, group=8,
                        query_length=1, block_size=16, per_token=False, query_bytes=2):
     """Whether a split of ``num_partitions`` keeps the call at or under :data:`TRAFFIC_CAP` x its
     compulsory bytes: the unsplit call taken at its compulsory bytes (every sequence at
     ``max_context``), plus :data:`SPLIT_EXTRA_MARGIN` x :func:`split_extra_bytes`."""
-    from pa_tile.perf.roofline import DecodeShape
-    from pa_tile.perf.tracing import compulsory_bytes
-
-    shape = DecodeShape(batch=num_seqs, context=max(1, max_context), num_q_heads=group * num_kv_heads,
-                        num_kv_heads=num_kv_heads, head_dim=head_dim, block_size=block_size,
-                        query_length=query_length, scales="per-token" if per_token else "per-tensor",
-                        query_bytes=query_bytes)
     extra = SPLIT_EXTRA_MARGIN * split_extra_bytes(num_seqs, num_kv_heads, head_dim, group, query_length,
                                                    num_partitions, query_bytes)
-    return extra <= (TRAFFIC_CAP - 1.0) * compulsory_bytes(shape)
+    need = _uniform_compulsory_bytes(num_seqs, num_kv_heads, max_context, head_dim, group, query_length,
+                                     block_size, per_token, query_bytes)
+    return extra <= (TRAFFIC_CAP - 1.0) * need
 
 
 def choose_num_partitions(num_seqs, num_kv_heads, max_context, *, arch, head_dim=128, group=8, query_length=1,

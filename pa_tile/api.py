@@ -42,7 +42,7 @@ def _partitions(p: problem.Problem, num_partitions, m_tiles) -> int:
         return s6.choose_num_partitions(p.num_seqs, p.num_kv_heads, p.max_context, arch=p.arch, head_dim=p.head_dim,
                                         group=p.group, query_length=p.query_length,
                                         cu_count=backend.cu_count(p.torch_device, p.arch), block_size=p.block_size,
-                                        per_token=p.per_token, query_bytes=2)  # f16 / bf16
+                                        per_token=p.per_token)  # query_bytes: 2 for both f16 and bf16
     return problem.int_option(num_partitions, "num_partitions", 1, LIMITS.max_partitions)
 
 
