@@ -419,13 +419,16 @@ def query_rows(mgrp, col, mt, rows_total, ql, group):
     return rows
 
 
-def tile_range(ctx, part, block_size, ql, window, num_partitions):
-    """``(last_page, t_start, t_end)``: the sequence's last page and this workgroup's tiles."""
+def tile_range(ctx, part, block_size, ql, window, num_partitions, listed=None):
+    """``(last_page, t_start, t_end)``: the sequence's last page and this workgroup's tiles
+    (``listed``: the ``(t_start, t_end)`` a work list gave it, kept inside the sequence)."""
     last_page = (ctx - 1) // block_size
     num_tiles = (ctx + (TILE - 1)) // TILE
     first = 0
     if const_expr(window > 0):
         first = imax(ctx - (ql - 1) - window, 0) // TILE  # tiles wholly before every row's window are skipped
+    if const_expr(listed is not None):
+        return last_page, imax(listed[0], first), imin(listed[1], num_tiles)
     if const_expr(num_partitions > 1):
         tpp = (num_tiles + (num_partitions - 1)) // num_partitions
         return last_page, imax(part * tpp, first), imin(part * tpp + tpp, num_tiles)
@@ -518,9 +521,14 @@ class Spec:
     follows from them): every piece of the kernel below reads its sizes from here."""
 
     def __init__(self, arch, block_size, head_dim, group, query_length, q_dtype, per_token, trans_v,
-                 sliding_window, num_partitions, m_tiles):
+                 sliding_window, num_partitions, m_tiles, work_list=False):
         self.BS, self.HD, self.G, self.QL = block_size, head_dim, group, query_length
         self.W, self.NP, self.per_token, self.trans_v = sliding_window, num_partitions, per_token, trans_v
+        # a work list (chapter 6's balanced split) names each workgroup's sequence and tiles; its
+        # partials are one slot per workgroup, so a (slot, KV head) holds one partition, not NP
+        self.WL = work_list
+        self.SPLIT = num_partitions > 1 or work_list
+        self.NPW = 1 if work_list else num_partitions
         self.ROWS, _, self.MT, self.MG = plan(head_dim, group, query_length, m_tiles)
         self.QDT = fx.BFloat16 if q_dtype == "bf16" else fx.Float16
         self.FMAX = fp8_max(arch)
@@ -569,14 +577,24 @@ class Spec:
 
 # %% tags=["export"]
 @device_code
-def stage_query(c, shared, rows, q_rs, seq, kvh, q_stride_row, q_stride_head, wave, lane, grp):
+def stage_query(c, shared, rows, q_rs, seq, kvh, q_stride_row, q_stride_head, wave, lane, grp, live=None):
+    """Each M-tile's query rows to LDS (``live`` False: a work list's empty entry, which walks no
+    tile and reads no query)."""
     for m in range_constexpr(c.MT):
         if wave == m % WAVES:
-            r, qi, g = rows[m]
-            row_elem = (seq * c.QL + qi) * q_stride_row + (kvh * c.G + g) * q_stride_head
-            ops, q_scale = query_operands(q_rs, row_elem, r < c.ROWS, c.FMAX, grp, c.NH, c.QDT)
-            _stage_q(shared, m, lane, ops, q_scale, c.NH, c.Q_SCALES)
+            if const_expr(live is None):
+                _stage_rows(c, shared, rows[m], m, q_rs, seq, kvh, q_stride_row, q_stride_head, lane, grp)
+            else:
+                if live:
+                    _stage_rows(c, shared, rows[m], m, q_rs, seq, kvh, q_stride_row, q_stride_head, lane, grp)
     gpu.barrier()
+
+
+def _stage_rows(c, shared, row, m, q_rs, seq, kvh, q_stride_row, q_stride_head, lane, grp):
+    r, qi, g = row
+    row_elem = (seq * c.QL + qi) * q_stride_row + (kvh * c.G + g) * q_stride_head
+    ops, q_scale = query_operands(q_rs, row_elem, r < c.ROWS, c.FMAX, grp, c.NH, c.QDT)
+    _stage_q(shared, m, lane, ops, q_scale, c.NH, c.Q_SCALES)
 
 
 def score_factors(c, shared, lane, scale_log2, k_scale):
@@ -681,16 +699,16 @@ def write_rows(c, o, mx, total, row, seq, kvh, part, wave, grp, num_kv_heads, o_
     if r < c.ROWS:
         for s in range_constexpr(c.CPW):
             d0 = (c.CPW * wave + s) * 16 + grp * 4
-            if const_expr(c.NP == 1):
+            if const_expr(not c.SPLIT):
                 out_row = (seq * c.QL + qi) * (num_kv_heads * c.G) + kvh * c.G + g
                 buffer_store(o[s].to(c.QDT).bitcast(fx.Int32), o_rs, (out_row * c.HD + d0) * 2)
             else:
-                prow = ((seq * num_kv_heads + kvh) * c.NP + part) * c.ROWS + r
+                prow = ((seq * num_kv_heads + kvh) * c.NPW + part) * c.ROWS + r
                 buffer_store(o[s].bitcast(fx.Int32), o_rs, (prow * c.HD + d0) * 4)
-        if const_expr(c.NP > 1):
+        if const_expr(c.SPLIT):
             if wave == 0:
                 if grp == 0:
-                    prow = ((seq * num_kv_heads + kvh) * c.NP + part) * c.ROWS + r
+                    prow = ((seq * num_kv_heads + kvh) * c.NPW + part) * c.ROWS + r
                     buffer_store(fx.Float32(mx * (1.0 / LOG2E)).bitcast(fx.Int32), mx_rs, prow * 4)
                     buffer_store(fx.Float32(total * (1.0 / c.FMAX)).bitcast(fx.Int32), sm_rs, prow * 4)
 
@@ -704,10 +722,10 @@ def merge_and_write(c, lds, shared, res, rows, v_scale, outputs, seq, kvh, part,
     store_stats(stats, [res[M0 + m] for m in range_constexpr(c.MT)], [res[L0 + m] for m in range_constexpr(c.MT)],
                 wave, col)
     gpu.barrier()  # also: every wave is past its last read of the staged query
-    o_rs, mx_rs, sm_rs = (rsrc(outputs[0]), None, None) if const_expr(c.NP == 1) else tuple(rsrc(t) for t in outputs)
+    o_rs, mx_rs, sm_rs = (rsrc(outputs[0]), None, None) if const_expr(not c.SPLIT) else tuple(rsrc(t) for t in outputs)
     for m in range_constexpr(c.MT):
         o_w = [res[O0 + m * c.NCH + j] for j in range_constexpr(c.NCH)]
-        o, mx, total = merge_weights(stats, m, col, res[M0 + m], o_w, v_scale, c.NP > 1)
+        o, mx, total = merge_weights(stats, m, col, res[M0 + m], o_w, v_scale, c.SPLIT)
         o = exchange(shared, o, wave, lane, c.XS, m < c.MT - 1)
         write_rows(c, o, mx, total, rows[m], seq, kvh, part, wave, grp, num_kv_heads, o_rs, mx_rs, sm_rs)
 
@@ -960,17 +978,17 @@ def wide_merge_and_write(c, k, res, rows, v_scale, outputs, part, num_kv_heads):
         lw = row_reduce(fx.Float32(res[L0 + m]), operator.add)
         lds_store(k.stats, ((m * 16 + k.col) * WAVES + k.wave) * 4, fx.Vector.from_elements([lw], dtype=fx.Float32))
     gpu.barrier()
-    o_rs, mx_rs, sm_rs = (rsrc(outputs[0]), None, None) if const_expr(c.NP == 1) else tuple(rsrc(t) for t in outputs)
+    o_rs, mx_rs, sm_rs = (rsrc(outputs[0]), None, None) if const_expr(not c.SPLIT) else tuple(rsrc(t) for t in outputs)
     for m in range_constexpr(c.MT):
         l4 = lds_load(k.stats, (m * 16 + k.col) * WAVES * 4, WAVES)
         total = (fx.Float32(l4[0]) + fx.Float32(l4[1])) + (fx.Float32(l4[2]) + fx.Float32(l4[3]))
         f = rcp(total)
         if const_expr(v_scale is not None):
             f = f * v_scale
-        if const_expr(c.NP > 1):
+        if const_expr(c.SPLIT):
             f = fx.Float32(select(total > 0.0, f, fx.Float32(0.0)))  # empty partition row: 0, not 0·inf
         o = [fx.Vector(res[O0 + m * c.CPW + s]) * splat4(f) for s in range_constexpr(c.CPW)]
-        write_rows(c, o, fx.Float32(res[M0 + m]), total, rows[m], k.seq, k.kvh, part, k.wave, k.grp, num_kv_heads,
+        write_rows(c, o, fx.Float32(res[M0 + m]), total, rows[m], k.slot, k.kvh, part, k.wave, k.grp, num_kv_heads,
                    o_rs, mx_rs, sm_rs)
 
 # %% [markdown]
@@ -987,7 +1005,7 @@ def make_kernel(c):
     def pa_decode_s5(
         out: fx.Tensor, pmax: fx.Tensor, psum: fx.Tensor, pout: fx.Tensor,
         query: fx.Tensor, key_cache: fx.Tensor, value_cache: fx.Tensor, block_tables: fx.Tensor,
-        context_lengths: fx.Tensor, key_scale: fx.Tensor, value_scale: fx.Tensor,
+        context_lengths: fx.Tensor, work_list: fx.Tensor, key_scale: fx.Tensor, value_scale: fx.Tensor,
         num_kv_heads: fx.Int32, max_blocks: fx.Int32, q_stride_row: fx.Int32, q_stride_head: fx.Int32,
         scale_log2: fx.Float32,
     ):
@@ -995,6 +1013,11 @@ def make_kernel(c):
         tid, wave, lane, col, grp = lane_coords()
         seq, by, part = fx.Int32(gpu.block_id("x")), fx.Int32(gpu.block_id("y")), fx.Int32(gpu.block_id("z"))
         kvh, mgrp = by // c.MG, by % c.MG
+        slot, listed, live = seq, None, None  # where the partials go; the work list's tiles
+        if const_expr(c.WL):  # workgroup x does entry x: (sequence, first tile, end tile, 0)
+            seq = scalar_load(work_list, slot * 4)
+            listed = (scalar_load(work_list, slot * 4 + 1), scalar_load(work_list, slot * 4 + 2))
+            live = listed[0] < listed[1]  # an empty entry (past the batch's last chunk) reads no query
         q_rs, k_rs, v_rs, bt_rs = (rsrc(t) for t in (query, key_cache, value_cache, block_tables))
         ctx = scalar_load(context_lengths, seq)
         lds = fx.SharedAllocator().allocate(Shared).peek()
@@ -1004,11 +1027,11 @@ def make_kernel(c):
         if const_expr(not c.per_token):
             k_scale = scalar_load(key_scale, 0).bitcast(fx.Float32)
             v_scale = scalar_load(value_scale, 0).bitcast(fx.Float32)
-        stage_query(c, shared, rows, q_rs, seq, kvh, q_stride_row, q_stride_head, wave, lane, grp)
+        stage_query(c, shared, rows, q_rs, seq, kvh, q_stride_row, q_stride_head, wave, lane, grp, live)
         c_qk = score_factors(c, shared, lane, scale_log2, k_scale)
         # causal bound of each row: query qi sits at ctx - QL + qi and sees tokens <= it
         hi1 = [ctx - (c.QL - 1) + rows[m][1] for m in range_constexpr(MT)]
-        last_page, t_start, t_end = tile_range(ctx, part, c.BS, c.QL, c.W, c.NP)
+        last_page, t_start, t_end = tile_range(ctx, part, c.BS, c.QL, c.W, c.NP, listed)
         pages = LanePages(bt_rs, k_rs, v_rs, seq * max_blocks, last_page, kvh, num_kv_heads, wave, lane, col,
                           grp, block_size=c.BS, head_dim=c.HD, trans_v=c.trans_v)
         if const_expr(c.per_token):
@@ -1019,13 +1042,13 @@ def make_kernel(c):
         if const_expr(c.WIDE):  # P·V split by head_dim ("The head_dim split of P·V")
             k = types.SimpleNamespace(
                 shared=shared, stats=fx.recast_iter(fx.Uint8, lds.stats.ptr), pslab=fx.recast_iter(fx.Uint8, lds.pslab.ptr),
-                lane=lane, col=col, wave=wave, grp=grp, seq=seq, kvh=kvh, ctx=ctx, c_qk=c_qk, hi1=hi1)
+                lane=lane, col=col, wave=wave, grp=grp, seq=seq, slot=slot, kvh=kvh, ctx=ctx, c_qk=c_qk, hi1=hi1)
             if const_expr(c.per_token):
                 k.ks_rs, k.vs_rs, k.sc_lds, k.sc_k, k.sc_v = ks_rs, vs_rs, sc_lds, sc_k, sc_v
             wp = WidePages(bt_rs, k_rs, v_rs, seq * max_blocks, last_page, kvh, num_kv_heads, wave, lane, col, grp,
                            block_size=c.BS, head_dim=c.HD, trans_v=c.trans_v, cpw=c.CPW)
             res = wide_loop(c, k, wp, t_start, t_end)
-            outputs = (out,) if const_expr(c.NP == 1) else (pout, pmax, psum)
+            outputs = (out,) if const_expr(not c.SPLIT) else (pout, pmax, psum)
             wide_merge_and_write(c, k, res, rows, v_scale, outputs, part, num_kv_heads)
             return
 
@@ -1052,8 +1075,8 @@ def make_kernel(c):
             o_next = phase_b([st[O0 + i] for i in range_constexpr(MT * NCH)], v_words, p_all, corr_all, pt)
             res = yield [k_page_next, v_page_next] + o_next + m_new + l_next
 
-        outputs = (out,) if const_expr(c.NP == 1) else (pout, pmax, psum)
-        merge_and_write(c, lds, shared, res, rows, v_scale, outputs, seq, kvh, part, num_kv_heads, wave, lane, col, grp)
+        outputs = (out,) if const_expr(not c.SPLIT) else (pout, pmax, psum)
+        merge_and_write(c, lds, shared, res, rows, v_scale, outputs, slot, kvh, part, num_kv_heads, wave, lane, col, grp)
 
     return pa_decode_s5
 
@@ -1070,11 +1093,11 @@ def make_kernel(c):
 # %% tags=["export"]
 @functools.lru_cache(maxsize=None)
 def build_launcher(arch, block_size, head_dim, group, query_length, q_dtype="f16", per_token=False,
-                   trans_v=True, sliding_window=0, num_partitions=1, m_tiles=None):
+                   trans_v=True, sliding_window=0, num_partitions=1, m_tiles=None, work_list=False):
     """The ``@flyc.jit`` launcher for one specialization (every argument is a compile-time constant;
-    the partials of a split are described above)."""
+    the partials of a split are described above; ``work_list``: chapter 6's balanced split)."""
     c = Spec(arch, block_size, head_dim, group, query_length, q_dtype, per_token, trans_v, sliding_window,
-             num_partitions, m_tiles)
+             num_partitions, m_tiles, work_list)
     # launch(out, pmax, psum, pout, query, ..., value_scale, num_seqs, num_kv_heads, ..., scale_log2, stream)
     return jit_launcher(make_kernel(c), grid_yz=lambda a: (a["num_kv_heads"] * c.MG, c.NP))
 
@@ -1090,11 +1113,12 @@ def build_launcher(arch, block_size, head_dim, group, query_length, q_dtype="f16
 # %% tags=["export"]
 def kernel_args(p, first, query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale):
     """The launcher's arguments for a validated problem ``p``: ``first`` is ``(out, pmax, psum, pout)``
-    (the unsplit kernel writes only ``out``; a split writes only the partials)."""
+    (the unsplit kernel writes only ``out``; a split writes only the partials). The work list's
+    place holds ``context_lengths`` again: only chapter 6's balanced split reads one."""
     return tuple(first) + (
         query, key_cache.view(torch.uint8), value_cache.view(torch.uint8), block_tables, context_lengths,
-        key_scale, value_scale, p.num_seqs, p.num_kv_heads, p.max_blocks, query.stride(0), query.stride(1),
-        p.scale_log2,
+        context_lengths, key_scale, value_scale, p.num_seqs, p.num_kv_heads, p.max_blocks, query.stride(0),
+        query.stride(1), p.scale_log2,
     )
 
 
@@ -1119,10 +1143,10 @@ def _describe(query, key_cache, value_cache, block_tables, context_lengths, key_
                             sliding_window=sliding_window, arch=arch)
 
 
-def launcher_for(p, num_partitions=1, m_tiles=None):
+def launcher_for(p, num_partitions=1, m_tiles=None, work_list=False):
     """The compiled-once launcher for a validated problem."""
     return build_launcher(p.arch, p.block_size, p.head_dim, p.group, p.query_length, p.q_dtype, p.per_token,
-                          p.v_layout == "trans_blocked", p.sliding_window, num_partitions, m_tiles)
+                          p.v_layout == "trans_blocked", p.sliding_window, num_partitions, m_tiles, work_list)
 
 
 # %% [markdown]

@@ -93,7 +93,8 @@ The partial kernel is chapter 5's (``pa_tile.stages.s5_phase_split_mtp``) specia
 partition's row max, row sum and normalized output. ``build_reduce`` merges them into the output
 (global max, rescaled sums, weighted outputs; empty partitions add nothing, never NaN).
 ``choose_num_partitions`` picks the split from the problem's shape and the device's CU count;
-``workspace_size``/``carve`` lay the partials out in one buffer. The finished API built from them
+``work_list`` lays it out balanced for ragged batches (equal chunks of the batch's tiles, one
+workgroup each, ``choose_schedule``); ``workspace_size``/``carve`` lay the partials out in one buffer. The finished API built from them
 (``pa_tile.plan``, ``pa_tile.paged_decode``, the ``torch.ops.pa_tile.paged_decode`` op) is
 ``pa_tile.api``; this module's ``paged_decode``/``launch_args`` are the stage contract over it.
 """
@@ -109,13 +110,15 @@ import flydsl.expr as fx
 from flydsl.expr import gpu
 
 from pa_tile import arch as _arch
-from pa_tile.kernel_lib import LOG2E, TILE, buffer_load, buffer_store, exp2, fmax, imin, rcp, rsrc, select, splat4
+from pa_tile.kernel_lib import (LOG2E, TILE, buffer_load, buffer_store, device_code, exp2, fmax, imin, rcp, rsrc,
+                                scalar_load, select, splat4)
 from pa_tile.stages import s5_phase_split_mtp as s5
 
 __all__ = ["paged_decode", "launch_args", "build_reduce", "combine_torch", "choose_num_partitions",
            "choose_num_partitions_budget", "partition_table", "DEFAULT_POLICY", "TRAFFIC_CAP", "split_extra_bytes",
            "within_traffic_cap", "workspace_size", "carve", "make_workspace", "LIMITS",
-           "MAX_PARTITIONS", "PARTIAL_BYTES_BUDGET"]
+           "MAX_PARTITIONS", "PARTIAL_BYTES_BUDGET", "DEFAULT_SCHEDULE", "SCHEDULES", "chunk_floor",
+           "choose_schedule", "work_entries", "work_list", "work_list_buffers"]
 
 #: the finished kernel supports what chapter 5's does; the split is what this chapter adds
 LIMITS = dataclasses.replace(s5.LIMITS, stage="s6")
@@ -168,13 +171,16 @@ print("all empty:", combine_torch(torch.full_like(pmax, -6.9e29), torch.zeros_li
 
 # %% tags=["export"]
 @functools.lru_cache(maxsize=None)
-def build_reduce(head_dim, group, query_length, q_dtype="f16"):
+def build_reduce(head_dim, group, query_length, q_dtype="f16", balanced=False):
     """The ``@flyc.jit`` flash-combine launcher ``launch(out, pmax, psum, pout, num_seqs,
     num_kv_heads, num_partitions)`` for one (head_dim, group, query_length, query dtype).
 
     Reads chapter 5's partials (``pmax``/``psum`` [S, kvh, NP, rows], ``pout`` [S, kvh, NP, rows,
     head_dim], float32) and writes ``out`` [S·query_length, kvh·group, head_dim] (contiguous, f16 or
     bf16): ``M = max_{ℓ>0} m``, ``w = ℓ·exp(m - M)`` (0 where ℓ = 0), ``out = Σ w·o / Σ w`` (0 if Σ w = 0).
+    ``balanced``: the partials of a work list instead (``[entries, kvh, rows(, head_dim)]``, see
+    "Ragged batches"), ``launch(out, pmax, psum, pout, offsets, num_seqs, num_kv_heads)``:
+    sequence s merges entries ``offsets[s] .. offsets[s+1]``.
     """
     if head_dim % 64 or not 64 <= head_dim <= 256:
         raise ValueError(f"unsupported head_dim={head_dim} (64, 128 or 256)")
@@ -185,10 +191,11 @@ def build_reduce(head_dim, group, query_length, q_dtype="f16"):
     LPR = HD // 4  # lanes per row: 4 channels (one dwordx4) each
     RPW = REDUCE_THREADS // LPR  # rows per workgroup
     QDT = fx.BFloat16 if q_dtype == "bf16" else fx.Float16
+    GRID_Z = (ROWS + RPW - 1) // RPW
 
-    @flyc.kernel(known_block_size=(REDUCE_THREADS, 1, 1))
-    def pa_reduce_s6(out: fx.Tensor, pmax: fx.Tensor, psum: fx.Tensor, pout: fx.Tensor,
-                     num_kv_heads: fx.Int32, num_partitions: fx.Int32):
+    @device_code
+    def combine(out, pmax, psum, pout, num_kv_heads, z0, z1, first, stride):
+        """Merge partitions ``z0 .. z1`` of this thread's row, whose stats sit at float ``first + z·stride``."""
         tid = fx.Int32(gpu.thread_id("x"))
         seq = fx.Int32(gpu.block_id("x"))
         kvh = fx.Int32(gpu.block_id("y"))
@@ -196,13 +203,13 @@ def build_reduce(head_dim, group, query_length, q_dtype="f16"):
         rc = imin(r, ROWS - 1)  # rows past the end compute a real row's result and do not store it
         d0 = (tid % LPR) * 4
         mx_rs, sm_rs, po_rs, o_rs = (rsrc(t) for t in (pmax, psum, pout, out))
-        stat0 = (seq * num_kv_heads + kvh) * num_partitions * ROWS + rc  # partition 0's stats, in floats
+        stat0 = first(seq, kvh) + rc  # partition z's stats at stat0 + z·stride, in floats
         ninf = fx.Float32(float("-inf"))
         zero = fx.Float32(0.0)
 
         # pass 1: the global max over partitions that saw a token (an empty one enters as -inf)
-        for z, m_run in range(0, num_partitions, 1, init=[ninf]):
-            i = stat0 + fx.Int32(z) * ROWS
+        for z, m_run in range(z0(seq), z1(seq), 1, init=[ninf]):
+            i = stat0 + fx.Int32(z) * stride
             m = buffer_load(mx_rs, i * 4, 1).bitcast(fx.Float32)
             s = buffer_load(sm_rs, i * 4, 1).bitcast(fx.Float32)
             res = yield [fmax(fx.Float32(m_run[0]), fx.Float32(select(s > 0.0, m, ninf)))]
@@ -210,8 +217,8 @@ def build_reduce(head_dim, group, query_length, q_dtype="f16"):
 
         # pass 2: weights w = l·e^(m - M), selected (not multiplied) to 0 for empty partitions,
         # so M = -inf (all empty) never meets 0·inf
-        for z, st in range(0, num_partitions, 1, init=[zero, fx.Vector.filled(4, 0.0, fx.Float32)]):
-            i = stat0 + fx.Int32(z) * ROWS
+        for z, st in range(z0(seq), z1(seq), 1, init=[zero, fx.Vector.filled(4, 0.0, fx.Float32)]):
+            i = stat0 + fx.Int32(z) * stride
             m = buffer_load(mx_rs, i * 4, 1).bitcast(fx.Float32)
             s = buffer_load(sm_rs, i * 4, 1).bitcast(fx.Float32)
             o = buffer_load(po_rs, (i * HD + d0) * 4, 4).bitcast(fx.Float32)
@@ -225,12 +232,33 @@ def build_reduce(head_dim, group, query_length, q_dtype="f16"):
             orow = (seq * QL + qi) * (num_kv_heads * G) + kvh * G + (rc - qi * G)
             buffer_store(o.to(QDT).bitcast(fx.Int32), o_rs, (orow * HD + d0) * 2)
 
+    if balanced:
+        @flyc.kernel(known_block_size=(REDUCE_THREADS, 1, 1))
+        def pa_reduce_s6_listed(out: fx.Tensor, pmax: fx.Tensor, psum: fx.Tensor, pout: fx.Tensor,
+                                offsets: fx.Tensor, num_kv_heads: fx.Int32):
+            combine(out, pmax, psum, pout, num_kv_heads, lambda seq: scalar_load(offsets, seq),
+                    lambda seq: scalar_load(offsets, seq + 1), lambda seq, kvh: kvh * ROWS, num_kv_heads * ROWS)
+
+        @flyc.jit
+        def launch_listed(out: fx.Tensor, pmax: fx.Tensor, psum: fx.Tensor, pout: fx.Tensor, offsets: fx.Tensor,
+                          num_seqs: fx.Int32, num_kv_heads: fx.Int32, stream: fx.Stream = fx.Stream(None)):
+            pa_reduce_s6_listed(out, pmax, psum, pout, offsets, num_kv_heads).launch(
+                grid=(num_seqs, num_kv_heads, GRID_Z), block=(REDUCE_THREADS, 1, 1), stream=stream)
+
+        return launch_listed
+
+    @flyc.kernel(known_block_size=(REDUCE_THREADS, 1, 1))
+    def pa_reduce_s6(out: fx.Tensor, pmax: fx.Tensor, psum: fx.Tensor, pout: fx.Tensor,
+                     num_kv_heads: fx.Int32, num_partitions: fx.Int32):
+        combine(out, pmax, psum, pout, num_kv_heads, lambda seq: 0, lambda seq: num_partitions,
+                lambda seq, kvh: (seq * num_kv_heads + kvh) * num_partitions * ROWS, ROWS)
+
     @flyc.jit
     def launch(out: fx.Tensor, pmax: fx.Tensor, psum: fx.Tensor, pout: fx.Tensor,
                num_seqs: fx.Int32, num_kv_heads: fx.Int32, num_partitions: fx.Int32,
                stream: fx.Stream = fx.Stream(None)):
         pa_reduce_s6(out, pmax, psum, pout, num_kv_heads, num_partitions).launch(
-            grid=(num_seqs, num_kv_heads, (ROWS + RPW - 1) // RPW), block=(REDUCE_THREADS, 1, 1), stream=stream)
+            grid=(num_seqs, num_kv_heads, GRID_Z), block=(REDUCE_THREADS, 1, 1), stream=stream)
 
     return launch
 
@@ -537,7 +565,8 @@ if backend.current_backend() == "emu":  # the model's samples are emulator trace
                                     block_size=16, query_length=ql)
                 samples[key] = model.sample_stage("s6", probe, arch)
             ps = sorted({-(-tiles // -(-tiles // p)) for p in range(1, min(tiles, MAX_PARTITIONS) + 1)})
-            us = [model.predict_stage("s6", shape, name, sample=samples[key], partitions=p).predicted_us for p in ps]
+            us = [model.predict_stage("s6", shape, name, sample=samples[key], partitions=p,
+                                      schedule="uniform").predicted_us for p in ps]  # as the table is made
             t = dict(zip(ps, us))
             rule, fastest, chosen = (choose_num_partitions(b, kvh, ctx, arch=arch, group=shape.group, query_length=ql,
                                                            policy=policy) for policy in ("budget", "fastest", None))
@@ -573,7 +602,181 @@ else:
 # (304 / 256 CUs). At 152 × 8 × 32k (4-5 workgroups per CU unsplit) nothing splits. The table's
 # count is the model's own argmin at the exact shape in every row. (All times here are MODEL
 # predictions.)
+
+# %% [markdown]
+# ## Ragged batches: a balanced split
 #
+# The split above gives every sequence the same `P` partitions of its own tiles, `P` chosen from
+# the block table's width, the longest sequence. A real decode batch is ragged: one 32k-token
+# conversation beside seven 1k-token ones. Then the long sequence's `P` workgroups walk
+# `ceil(128 / P)` tiles each while the short ones' walk one or none, and the launch lasts as
+# long as its busiest workgroup. Upstream's persistent kernel hands out 256-token work units
+# evenly instead; here the same idea fits chapter 5's kernel without a new loop: a **work
+# list**. The batch's tiles are laid end to end and cut into chunks of `per` tiles, `per =
+# max(floor, ceil(total / (S·P)))`, never across a sequence (its last chunk is shorter), so the
+# grid's x is the list's entries, not the sequences, and entry x says (sequence, first tile, end
+# tile). Each entry writes one partial; the reduce merges sequence s's entries `offsets[s] ..
+# offsets[s+1]`. `floor` is the traffic cap in tiles: a chunk's extra bytes (its query re-read
+# and its partials' round trip, times `SPLIT_EXTRA_MARGIN`) stay within 5 % of its tiles'.
+#
+# The list is built on the device by torch ops (cumsum, searchsorted) that never read a value
+# on the host, so there is no sync, and `S·(P + 1)` entries always suffice (at most one short
+# chunk per sequence); entries past the last chunk are empty (`t_end = t_start`) and read
+# nothing but their entry. Unlike
+# upstream's persistent workgroups, a chunk never spans two sequences: every workgroup stays one
+# sequence's, as chapter 5's kernel is, at the cost of one short chunk per sequence.
+
+# %% tags=["export"]
+#: how a split lays its work out: "balanced" (a work list, "Ragged batches") or "uniform" (each
+#: sequence in ``num_partitions`` equal ranges of its own tiles)
+DEFAULT_SCHEDULE = "balanced"
+SCHEDULES = ("balanced", "uniform")
+
+
+def choose_schedule(num_partitions, schedule=None):
+    """The layout of a call's work: ``schedule`` if given (``"balanced"`` also balances an
+    unsplit call: a work list aiming at one chunk per sequence), else :data:`DEFAULT_SCHEDULE`
+    for a split and ``"uniform"`` (chapter 5's kernel, no reduce) for an unsplit call, whose
+    lengths the plan cannot read without a host sync: balancing a batch of short sequences
+    would add a partial per sequence, past the traffic cap."""
+    if schedule is not None and schedule not in SCHEDULES:
+        raise ValueError(f"schedule: expected one of {SCHEDULES} or None, got {schedule!r}")
+    return schedule or (DEFAULT_SCHEDULE if num_partitions > 1 else "uniform")
+
+
+def chunk_floor(head_dim, group, query_length, *, block_size=16, per_token=False, query_bytes=2):
+    """The fewest 256-token tiles a balanced split's chunk gets: its extra bytes (one more query
+    read and one more partial's round trip, :data:`SPLIT_EXTRA_MARGIN` x) at most
+    ``TRAFFIC_CAP - 1`` of its tiles' compulsory bytes (and at least ``MIN_TILES_PER_PARTITION``)."""
+    def compulsory(ctx):
+        return _uniform_compulsory_bytes(1, 1, ctx, head_dim, group, query_length, block_size, per_token, query_bytes)
+
+    per_tile = compulsory(2 * TILE) - compulsory(TILE)
+    extra = SPLIT_EXTRA_MARGIN * (split_extra_bytes(1, 1, head_dim, group, query_length, 3, query_bytes)
+                                  - split_extra_bytes(1, 1, head_dim, group, query_length, 2, query_bytes))
+    return max(MIN_TILES_PER_PARTITION, math.ceil(extra / ((TRAFFIC_CAP - 1.0) * per_tile)))
+
+
+def work_entries(num_seqs, num_partitions):
+    """Entries of a balanced work list aiming at ``num_seqs × num_partitions`` chunks: every
+    sequence may add one short chunk, so ``num_seqs × (num_partitions + 1)`` always suffice."""
+    return num_seqs * (num_partitions + 1)
+
+
+def work_list_buffers(num_seqs, num_partitions, device):
+    """The tensors :func:`work_list` computes in (a plan allocates them once, so a run allocates
+    nothing and a captured graph replays the list's ops on its lengths)."""
+    n = work_entries(num_seqs, num_partitions)
+    b = {k: torch.empty(num_seqs, dtype=torch.int64, device=device) for k in ("tiles", "first", "units", "chunks", "ends")}
+    b.update({k: torch.empty(n, dtype=torch.int64, device=device) for k in ("seq", "t0", "t1", "gathered")})
+    b.update(per=torch.empty(1, dtype=torch.int64, device=device), x=torch.arange(n, device=device),
+             live=torch.empty(n, dtype=torch.bool, device=device),
+             work=torch.zeros(n, 4, dtype=torch.int32, device=device),
+             offsets=torch.zeros(num_seqs + 1, dtype=torch.int32, device=device))
+    return b
+
+
+def work_list(context_lengths, num_partitions, min_tiles, *, query_length=1, sliding_window=0, buffers=None):
+    """The balanced split of a batch, on ``context_lengths``' device without reading a value on
+    the host: ``(work, offsets)``, ``work`` [``work_entries``, 4] int32 rows (sequence, first tile,
+    end tile, 0), ``offsets`` [S + 1] int32 (sequence s owns entries ``offsets[s] .. offsets[s+1]``).
+    Chunks of ``per = max(min_tiles, ceil(total / (S·num_partitions)))`` tiles, the tiles a
+    sliding window skips left out. Every op writes into ``buffers`` (:func:`work_list_buffers`;
+    None: allocated here), so with them given nothing is allocated."""
+    S = context_lengths.shape[0]
+    b = buffers if buffers is not None else work_list_buffers(S, num_partitions, context_lengths.device)
+    tiles, first, units, chunks, ends, per = (b[k] for k in ("tiles", "first", "units", "chunks", "ends", "per"))
+    seq, t0, t1, g, x = (b[k] for k in ("seq", "t0", "t1", "gathered", "x"))
+    torch.add(context_lengths, TILE - 1, out=tiles).floor_divide_(TILE)
+    if sliding_window > 0:  # as the kernel's tile_range: tiles wholly before every row's window
+        torch.sub(context_lengths, query_length - 1 + sliding_window, out=first).clamp_min_(0).floor_divide_(TILE)
+    else:
+        first.zero_()
+    torch.sub(tiles, first, out=units).clamp_min_(0)
+    target = S * num_partitions
+    torch.sum(units, 0, keepdim=True, out=per).add_(target - 1).floor_divide_(target).clamp_min_(min_tiles)
+    torch.add(units, per, out=chunks).sub_(1).floor_divide_(per)
+    torch.cumsum(chunks, 0, out=ends)
+    torch.searchsorted(ends, x, right=True, out=seq).clamp_max_(S - 1)
+    # gathers (index_select), not indexing: fake cuda tensors (pa_tile's CPU proofs) take them
+    torch.index_select(ends, 0, seq, out=t0).sub_(torch.index_select(chunks, 0, seq, out=g))  # the sequence's first entry
+    torch.sub(x, t0, out=t0).mul_(per).add_(torch.index_select(first, 0, seq, out=g))
+    torch.minimum(torch.add(t0, per, out=t1), torch.index_select(tiles, 0, seq, out=g), out=t1)
+    torch.where(torch.lt(x, ends.narrow(0, S - 1, 1), out=b["live"]), t1, t0, out=t1)  # past the last chunk: empty
+    work, offsets = b["work"], b["offsets"]
+    for col, v in enumerate((seq, t0, t1)):  # add, not copy_: fake cuda tensors take an out= op, not copy_
+        torch.add(v, 0, out=work.select(1, col))
+    torch.add(ends, 0, out=offsets.narrow(0, 1, S))
+    return work, offsets
+
+# %% [markdown]
+# One 32k-token conversation beside seven 1k-token ones, 8 KV heads: the split the chooser picks
+# for the block table's width, laid out both ways. Each bar is one workgroup's tiles (per KV head).
+
+# %%
+RAGGED = [32768] + [1024] * 7
+P_RAGGED = choose_num_partitions(len(RAGGED), 8, max(RAGGED), arch="gfx942")
+work, offsets = work_list(torch.tensor(RAGGED, dtype=torch.int32), P_RAGGED, chunk_floor(128, 8, 1))
+tiles = [-(-L // TILE) for L in RAGGED]
+uniform = [[(z * -(-n // P_RAGGED), min((z + 1) * -(-n // P_RAGGED), n)) for z in range(P_RAGGED)] for n in tiles]
+balanced = [[tuple(work[x, 1:3].tolist()) for x in range(offsets[s], offsets[s + 1])] for s in range(len(RAGGED))]
+figures.work_layouts(tiles, {f"uniform, P = {P_RAGGED}": uniform,
+                             f"balanced, chunks of {work[0, 2] - work[0, 1]} tiles": balanced})
+plt.show()
+
+# %% [markdown]
+# What the timing model predicts for four batches, each sequence 64 query heads over 8 KV heads:
+# three ragged, one even. "uniform" is the split the chooser picks laid out as before;
+# "balanced" is the same partition count as a work list (for the batch the chooser does not
+# split, `schedule="balanced"` asked for explicitly, see below). A ragged grid is timed as the
+# dispatcher runs it: each workgroup to the CU slot that frees first (`model.grid_of`), not as
+# generations of equal workgroups.
+
+# %% tags=["nbval-ignore-output"]
+RAGGED_BATCHES = {
+    "32k +\n15 x 1k": [32768] + [1024] * 15,
+    "8 mixed,\n64 .. 12k": [8000, 300, 2000, 100, 12000, 700, 64, 3000],
+    "4 x 16k +\n60 x 512": [16384] * 4 + [512] * 60,
+    "16 x 4k\n(even)": [4096] * 16,
+}
+if backend.current_backend() == "emu":  # the model's samples are emulator traces (the sweep's above)
+    bars = []
+    for label, lengths in RAGGED_BATCHES.items():
+        shape = DecodeShape(batch=len(lengths), context=tuple(lengths), num_q_heads=64, num_kv_heads=8,
+                            head_dim=128, block_size=16)
+        for gpu, (name, arch) in SWEEP_GPUS.items():
+            parts = choose_num_partitions(len(lengths), 8, max(lengths), arch=arch)
+            pred = {sched: model.predict_stage("s6", shape, name, sample=samples[(arch, 8, 1)], partitions=parts,
+                                               schedule=sched) for sched in SCHEDULES}
+            bars.append(dict(batch=label, partitions=parts, gpu=gpu, floor=pred["uniform"].floor_us,
+                             **{k: v.predicted_us for k, v in pred.items()}))
+    figures.schedule_predictions(bars, note="stage 6, 64 / 8 heads, head_dim 128")
+    plt.show()
+else:
+    print("skipped on a GPU: the model samples its kernels in the emulator")
+
+# %% [markdown]
+# The model's verdict (MODEL predictions, MI300X / MI355X): one 32k sequence beside fifteen 1k
+# ones goes from about 192 / 166 µs to 67 / 54 µs, because the uniform split's busiest workgroup
+# walks 43 tiles and the balanced one's at most 4; the eight mixed lengths gain 20-25 %; the even
+# batch is unchanged (its chunks are the uniform split's, within 1 %: the empty entries cost a
+# scalar load and a partial write each, no query read). The third batch is where the chooser
+# splits nothing (64 sequences x 8 KV heads already fill the GPU, judged by the block table's
+# width), yet four 16k sequences make the unsplit launch last 282 / 242 µs; asked for
+# (`schedule="balanced"`), the list cuts them into 6-tile chunks and the model predicts 89 / 63.
+# The default cannot make that call itself: whether a batch is ragged is in `context_lengths`,
+# whose values the plan never reads on a GPU (a host sync), and balancing a batch of short
+# sequences would give each a partial and a reduce for nothing (past the traffic cap), so an
+# unsplit call stays chapter 5's kernel unless the caller, who knows its batches, asks.
+#
+# The work list is made when the batch is planned, into buffers the plan owns (`torch.add(...,
+# out=)`, `searchsorted(..., out=)`: no allocation, no host read), and every layer's `run`
+# reads it: about 90 µs of host time on this CPU for the twenty-odd small ops, paid once per
+# decode step, not once per layer. Lengths changed in place (a captured graph's next step) need
+# `plan.refresh()`, the same ops into the same buffers; the one-shot `pa_tile.paged_decode`
+# refreshes on every call.
+
+# %% [markdown]
 # ## The workspace
 #
 # The partials of `P > 1` partitions live in one float32 buffer: `pmax`, `psum` (`S·kvh·P·rows`
@@ -583,12 +786,14 @@ else:
 # shapes the call will see, with the same heuristic, so the two agree.
 
 # %% tags=["export"]
-def workspace_size(num_seqs, num_kv_heads, group, query_length, head_dim, num_partitions):
-    """float32 elements of the workspace for one problem shape and partition count
-    (1 when ``num_partitions`` is 1: a placeholder the unsplit kernel never touches)."""
-    if num_partitions <= 1:
+def workspace_size(num_seqs, num_kv_heads, group, query_length, head_dim, num_partitions, schedule="uniform"):
+    """float32 elements of the workspace for one problem shape, partition count and schedule
+    (1 when ``num_partitions`` is 1: a placeholder the unsplit kernel never touches; a balanced
+    split's partials are per work-list entry, ``work_entries`` of them)."""
+    if num_partitions <= 1 and schedule != "balanced":
         return 1
-    return num_seqs * num_kv_heads * num_partitions * group * query_length * (head_dim + 2)
+    slots = work_entries(num_seqs, num_partitions) if schedule == "balanced" else num_seqs * num_partitions
+    return slots * num_kv_heads * group * query_length * (head_dim + 2)
 
 
 def carve(workspace, num_seqs, num_kv_heads, rows, head_dim, num_partitions):
@@ -612,13 +817,14 @@ def carve(workspace, num_seqs, num_kv_heads, rows, head_dim, num_partitions):
 # `context_lengths` would synchronize.
 
 # %% tags=["export"]
-def make_workspace(query, key_cache, block_tables, *, query_length=None, num_partitions=None, arch=None):
-    """A float32 workspace for ``paged_decode`` calls with these shapes (same validation and
-    partition choice as the call: ``pa_tile.api.make_workspace``)."""
+def make_workspace(query, key_cache, block_tables, *, query_length=None, num_partitions=None, arch=None,
+                   schedule=None):
+    """A float32 workspace for ``paged_decode`` calls with these shapes (same validation,
+    partition choice and schedule as the call: ``pa_tile.api.make_workspace``)."""
     from pa_tile import api
 
     return api.make_workspace(query, key_cache, block_tables, query_length=query_length,
-                              num_partitions=num_partitions, arch=arch)
+                              num_partitions=num_partitions, arch=arch, schedule=schedule)
 
 
 def launch_args(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale, **options):
@@ -888,5 +1094,7 @@ if not steps:
 # * **Chapter 5**: multi-token (MTP) decode and wide GQA in 16-row M-tiles, the phase split, exact
 #   masking (a hidden token adds exactly nothing), sliding windows.
 # * **Chapter 6**: split-K over partitions with a NaN-proof flash-combine, the partition count the
-#   timing model predicts fastest (a precomputed table; the 3 %-budget rule of thumb beside it), and `pa_tile.paged_decode`: one validated call that allocates nothing
+#   timing model predicts fastest (a precomputed table; the 3 %-budget rule of thumb beside it), a
+#   balanced work list that keeps a ragged batch's longest sequence from setting the launch's
+#   length, and `pa_tile.paged_decode`: one validated call that allocates nothing
 #   given a workspace, so it can live inside a CUDA/HIP graph.

@@ -357,7 +357,7 @@ plt.show()
 # (the part its time was measured on), prediction with prediction: the model lands within a few
 # percent of upstream's measured time there (printed above; that point is one of the fit
 # points), and it puts stage 6, with the 16 partitions it would choose on that 80-CU part, about
-# a fifth below upstream's predicted time (47 against 57 µs). That is a model's ranking inside its own error bar, not a
+# a sixth below upstream's predicted time (48 against 57 µs). That is a model's ranking inside its own error bar, not a
 # win: neither bar is a measurement of ours.
 #
 # ## 5 · Timings (ROCm GPU only)

@@ -398,6 +398,9 @@ def _add_predict_parser(sub) -> None:
     s.add_argument("--gpu", choices=["mi300x", "mi355x"], default="mi300x", help="default mi300x")
     _add_shape(s)
     s.add_argument("--partitions", type=_pos_int, help="split-K count (default: the stage's own choice)")
+    s.add_argument("--schedule", choices=["balanced", "uniform"],
+                   help="stage 6: how the split lays out its work (default: the stage's choice, balanced when "
+                        "it splits); a ragged batch is --context L1,L2,...")
     s.add_argument("--json", action="store_true", help="print the prediction as JSON before the last line")
     s.set_defaults(func=cmd_predict)
 
@@ -409,7 +412,7 @@ def cmd_predict(args) -> int:
     backend.set_backend("emu")  # the sample runs in the emulator
     ad = adapters.get(_check_stage(args.stage))
     shape = _shape(args, ad.default_shape())
-    pred = model.predict_stage(ad.name, shape, args.gpu, partitions=args.partitions)
+    pred = model.predict_stage(ad.name, shape, args.gpu, partitions=args.partitions, schedule=args.schedule)
     if args.json:
         print(json.dumps(pred.to_dict(), indent=1, default=str))
         print(f"predicted_us={pred.predicted_us:.3f} floor_us={pred.floor_us:.3f}")

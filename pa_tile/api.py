@@ -7,7 +7,8 @@
         out = plan.run(q[layer], k_caches[layer], v_caches[layer], out=out_buf)
 
 ``plan`` validates everything once (``pa_tile.problem``), chooses the split-K partition count
-from the shapes and the device's CU count, and carves the workspace; ``Plan.run`` only checks
+from the shapes and the device's CU count, lays a balanced split's work out from the context
+lengths (``Plan.refresh`` does it again after they change in place), and carves the workspace; ``Plan.run`` only checks
 that the tensors it is given match the plan (metadata, no values: no host sync), then launches
 chapter 5's kernel (and chapter 6's reduce when split) through ``pa_tile.launching`` (compiled
 once, on torch's current stream). With ``out=`` given ``run`` allocates nothing, so it can be
@@ -46,10 +47,15 @@ def _partitions(p: problem.Problem, num_partitions, m_tiles) -> int:
     return problem.int_option(num_partitions, "num_partitions", 1, LIMITS.max_partitions)
 
 
-def _workspace(p: problem.Problem, parts: int, m_tiles, workspace):
+def _workspace(p: problem.Problem, parts: int, m_tiles, workspace, schedule="uniform"):
     if parts > 1:
         s5.partial_shapes(p, parts, m_tiles)  # refuses splits beyond 32-bit offsets
-    need = s6.workspace_size(p.num_seqs, p.num_kv_heads, p.group, p.query_length, p.head_dim, parts)
+    if schedule == "balanced":
+        rows = s5.plan(p.head_dim, p.group, p.query_length, m_tiles)[0]
+        if s6.work_entries(p.num_seqs, parts) * p.num_kv_heads * rows * p.head_dim * 4 >= 2**31:
+            raise ValueError(f"num_partitions: a balanced split of {p.num_seqs} sequences into {parts} partitions "
+                             f"needs partial outputs beyond the kernel's 32-bit byte offsets; use fewer partitions")
+    need = s6.workspace_size(p.num_seqs, p.num_kv_heads, p.group, p.query_length, p.head_dim, parts, schedule)
     if workspace is None:
         return torch.empty(need, dtype=torch.float32, device=p.torch_device)
     problem.need_tensor(workspace, "workspace")
@@ -59,7 +65,7 @@ def _workspace(p: problem.Problem, parts: int, m_tiles, workspace):
     if workspace.device != p.torch_device:
         raise ValueError(f"workspace: on {workspace.device}, but query is on {p.device}")
     if workspace.numel() < need:
-        raise ValueError(f"workspace: {parts} partitions need {need} float32 elements, got {workspace.numel()} "
+        raise ValueError(f"workspace: {parts} {schedule} partitions need {need} float32 elements, got {workspace.numel()} "
                          f"(size it with pa_tile.make_workspace or workspace_size)")
     return workspace
 
@@ -111,22 +117,35 @@ class Pipeline:
 
 
 class Plan:
-    """A validated batch: problem, partition count, workspace, block tables, context lengths and
-    default scales fixed. ``run`` is the per-layer call."""
+    """A validated batch: problem, partition count and schedule, workspace, block tables, context
+    lengths and default scales fixed. ``run`` is the per-layer call."""
 
     def __init__(self, p: problem.Problem, num_partitions: int, m_tiles: Optional[int], workspace, block_tables,
-                 context_lengths, key_scale, value_scale, query_meta, cache_meta):
+                 context_lengths, key_scale, value_scale, query_meta, cache_meta, schedule="uniform",
+                 chunk_tiles=1):
         self.problem, self.num_partitions, self.m_tiles = p, num_partitions, m_tiles
+        self.schedule = schedule
         self.workspace, self.block_tables, self.context_lengths = workspace, block_tables, context_lengths
         self.key_scale, self.value_scale = problem.scale_tensors(p, key_scale, value_scale)
         self._query_meta, self._cache_meta = query_meta, cache_meta
         rows = s5.plan(p.head_dim, p.group, p.query_length, m_tiles)[0]
-        self._partials = tuple(s6.carve(workspace, p.num_seqs, p.num_kv_heads, rows, p.head_dim, num_partitions)
-                               if num_partitions > 1 else (workspace.narrow(0, 0, 1),) * 3)
+        self._balanced = schedule == "balanced"
+        #: the call writes partials and runs the reduce (a split, or any balanced schedule)
+        self.splits = num_partitions > 1 or self._balanced
+        # a balanced split's grid x is its work list's entries, each with one partial slot per KV head
+        grid_x = s6.work_entries(p.num_seqs, num_partitions) if self._balanced else p.num_seqs
+        slots = (grid_x, 1) if self._balanced else (p.num_seqs, num_partitions)
+        self._partials = tuple(s6.carve(workspace, slots[0], p.num_kv_heads, rows, p.head_dim, slots[1])
+                               if self.splits else (workspace.narrow(0, 0, 1),) * 3)
         self._out_shape = (p.num_seqs * p.query_length, p.num_q_heads, p.head_dim)
         stride = query_meta[3]
-        self._scalars = (p.num_seqs, p.num_kv_heads, p.max_blocks, stride[0], stride[1], p.scale_log2)
-        self._reduce_scalars = (p.num_seqs, p.num_kv_heads, num_partitions)
+        self._scalars = (grid_x, p.num_kv_heads, p.max_blocks, stride[0], stride[1], p.scale_log2)
+        self._reduce_scalars = (p.num_seqs, p.num_kv_heads) if self._balanced else \
+            (p.num_seqs, p.num_kv_heads, num_partitions)
+        self.chunk_tiles = chunk_tiles  # the fewest tiles a balanced split's chunk gets
+        self._work_buffers = s6.work_list_buffers(p.num_seqs, num_partitions, p.torch_device) \
+            if self._balanced else None
+        self._work = None  # plan() lays it out (not while PyTorch traces: the op's run does)
         self._compiled, self._compiled_on = None, None
 
     # -- the per-layer call --------------------------------------------------------------------
@@ -152,27 +171,52 @@ class Plan:
             p = self.problem
             torch.ops.pa_tile.paged_decode(query, key_cache, value_cache, self.block_tables, self.context_lengths,
                                            ks, vs, out, self.workspace, p.softmax_scale, p.sliding_window,
-                                           p.query_length, self.num_partitions, self.m_tiles or 0, p.arch)
+                                           p.query_length, self.num_partitions, self.m_tiles or 0, p.arch,
+                                           self.schedule, self.chunk_tiles)
         else:
             self._launch(query, key_cache, value_cache, ks, vs, out)
         return out
 
     @property
     def _partial(self):  # built on first use: tracing a plan (torch.compile) must not build kernels
+        if self._balanced:
+            return s5.launcher_for(self.problem, 1, self.m_tiles, work_list=True)
         return s5.launcher_for(self.problem, self.num_partitions, self.m_tiles)
 
     @property
     def _reduce(self):
         p = self.problem
-        return s6.build_reduce(p.head_dim, p.group, p.query_length, p.q_dtype) if self.num_partitions > 1 else None
+        return s6.build_reduce(p.head_dim, p.group, p.query_length, p.q_dtype, self._balanced) \
+            if self.splits else None
+
+    def work_list(self):
+        """``(work, offsets)`` of a balanced split (``s6.work_list``), as laid out when planned or
+        last refreshed; None for an unsplit or uniform plan."""
+        return self._work
+
+    def refresh(self):
+        """Lay a balanced split's work out again from the context lengths' current values (after
+        changing them in place, e.g. between the decode steps of a captured graph): device ops
+        into the plan's own buffers, no host sync, nothing allocated; a run reads the result.
+        Layers of one step share it, so ``run`` does not redo it (a dozen small ops per layer).
+        Returns the plan."""
+        if self._balanced:
+            p = self.problem
+            self._work = s6.work_list(self.context_lengths, self.num_partitions, self.chunk_tiles,
+                                      query_length=p.query_length, sliding_window=p.sliding_window,
+                                      buffers=self._work_buffers)
+        return self
 
     def _steps(self, query, key_cache, value_cache, ks, vs, out):
         """``[(launcher, args), ...]`` of one run: the partial kernel, then the reduce when split."""
+        wl = self._work
+        work = self.context_lengths if wl is None else wl[0]  # the unsplit/uniform kernel never reads it
         steps = [(self._partial, (out,) + self._partials + (query, _codes(key_cache), _codes(value_cache),
-                                                            self.block_tables, self.context_lengths, ks, vs)
+                                                            self.block_tables, self.context_lengths, work, ks, vs)
                   + self._scalars)]
-        if self.num_partitions > 1:
-            steps.append((self._reduce, (out,) + self._partials + self._reduce_scalars))
+        if self.splits:
+            extra = (wl[1],) if wl is not None else ()
+            steps.append((self._reduce, (out,) + self._partials + extra + self._reduce_scalars))
         return steps
 
     def _launch(self, query, key_cache, value_cache, ks, vs, out):
@@ -228,32 +272,42 @@ class Plan:
     def __repr__(self) -> str:
         p = self.problem
         return (f"Plan({p.num_seqs} seqs x {p.query_length} queries, {p.num_q_heads}/{p.num_kv_heads} heads, "
-                f"head_dim {p.head_dim}, block {p.block_size}, {p.arch}, {self.num_partitions} partition(s))")
+                f"head_dim {p.head_dim}, block {p.block_size}, {p.arch}, {self.num_partitions} partition(s)"
+                + (", balanced)" if self._balanced else ")"))
 
 
 def plan(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale, *,
          softmax_scale=None, sliding_window=0, query_length=None, workspace=None, num_partitions=None,
-         m_tiles=None, arch=None, check_values=None) -> Plan:
+         m_tiles=None, arch=None, check_values=None, schedule=None, chunk_tiles=None) -> Plan:
     """Validate a batch once and fix what its layers share; -> :class:`Plan`.
 
     Arguments as :func:`paged_decode`. ``check_values``: read context lengths, page ids and scales
     to check them (``pa_tile.problem.check_values``); ``None`` does so only for CPU tensors, where
     it is free; ``True`` on a GPU costs one host sync, here, not in ``run``. Allocates the
-    workspace unless one is given (``make_workspace``)."""
+    workspace unless one is given (``make_workspace``). ``chunk_tiles``: the fewest 256-token
+    tiles of a balanced split's chunk (None: ``s6.chunk_floor``, the traffic cap, for the chosen
+    split; 1 for an explicit ``num_partitions``, honoured as the uniform split honours it)."""
     p = _describe(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale,
                   softmax_scale=softmax_scale, sliding_window=sliding_window, query_length=query_length,
                   m_tiles=m_tiles, arch=arch, check_values=check_values)
     parts = _partitions(p, num_partitions, m_tiles)
-    ws = _workspace(p, parts, m_tiles, workspace)
-    return Plan(p, parts, m_tiles, ws, block_tables, context_lengths, key_scale, value_scale,
-                (query.shape, query.dtype, query.device, query.stride()),
-                {"key_cache": (key_cache.shape, key_cache.dtype, key_cache.device),
-                 "value_cache": (value_cache.shape, value_cache.dtype, value_cache.device)})
+    sched = s6.choose_schedule(parts, schedule)
+    ws = _workspace(p, parts, m_tiles, workspace, sched)
+    if chunk_tiles is None:  # the chosen split keeps the traffic cap; an explicit one is honoured to the tile
+        chunk_tiles = s6.chunk_floor(p.head_dim, p.group, p.query_length, block_size=p.block_size,
+                                     per_token=p.per_token) if num_partitions is None else 1
+    else:
+        problem.int_option(chunk_tiles, "chunk_tiles", 1, 1 << 20)
+    pl = Plan(p, parts, m_tiles, ws, block_tables, context_lengths, key_scale, value_scale,
+              (query.shape, query.dtype, query.device, query.stride()),
+              {"key_cache": (key_cache.shape, key_cache.dtype, key_cache.device),
+               "value_cache": (value_cache.shape, value_cache.dtype, value_cache.device)}, sched, chunk_tiles)
+    return pl if _tracing(query) else pl.refresh()
 
 
 def paged_decode(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale, *,
                  softmax_scale=None, sliding_window=0, query_length=None, out=None, workspace=None,
-                 num_partitions=None, m_tiles=None, arch=None):
+                 num_partitions=None, m_tiles=None, arch=None, schedule=None):
     """fp8 paged decode attention (the finished pa_tile kernel); returns ``out``.
 
     ``query`` [num_seqs·query_length, num_q_heads, head_dim] f16/bf16 (row ``s·query_length + i`` is
@@ -265,7 +319,10 @@ def paged_decode(query, key_cache, value_cache, block_tables, context_lengths, k
     ``context_lengths`` [num_seqs] int32; scales (> 0), floats or float32 tensors, both [1] or both
     [num_blocks, num_kv_heads, block_size] (per token). ``sliding_window``: a query at position p
     sees tokens (p - W, p] (0 = all). ``num_partitions``: split-K count (None =
-    ``choose_num_partitions`` for the device's CU count). With ``out`` and ``workspace``
+    ``choose_num_partitions`` for the device's CU count). ``schedule``: how a split lays out its
+    work, ``"balanced"`` (a work list of equal chunks of the batch's tiles, for ragged batches) or
+    ``"uniform"`` (each sequence in ``num_partitions`` equal parts); None = ``s6.DEFAULT_SCHEDULE``.
+    With ``out`` and ``workspace``
     (``make_workspace``) given, nothing is allocated: the call can be captured in a CUDA/HIP graph.
     ``arch`` defaults to the tensors' device (the emulator's for CPU tensors).
 
@@ -275,20 +332,23 @@ def paged_decode(query, key_cache, value_cache, block_tables, context_lengths, k
     """
     tensors = (query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale, workspace)
     key = None if _tracing(query) else _call_key(tensors, (softmax_scale, sliding_window, query_length,
-                                                           num_partitions, m_tiles, arch))
+                                                           num_partitions, m_tiles, arch, schedule))
     pl = _plans.get(key) if key is not None else None
     if pl is None:
         pl = plan(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale,
                   softmax_scale=softmax_scale, sliding_window=sliding_window, query_length=query_length,
-                  workspace=workspace, num_partitions=num_partitions, m_tiles=m_tiles, arch=arch)
+                  workspace=workspace, num_partitions=num_partitions, m_tiles=m_tiles, arch=arch,
+                  schedule=schedule)
         # a plan owning its workspace is not shared between calls (streams could overlap on it)
-        if key is not None and (workspace is not None or pl.num_partitions == 1):
+        if key is not None and (workspace is not None or not pl.splits):
             if len(_plans) >= _MAX_PLANS:
                 _plans.pop(next(iter(_plans)))
             _plans[key] = pl
-    elif query.device.type == "cpu":
+    else:
         # the same call as before, by every tensor's metadata and memory: only the values may differ
-        problem.check_values(pl.problem, block_tables, context_lengths, key_scale, value_scale)
+        if query.device.type == "cpu":
+            problem.check_values(pl.problem, block_tables, context_lengths, key_scale, value_scale)
+        pl.refresh()  # a balanced split's work follows the lengths' values (key None while tracing)
     return pl.run(query, key_cache, value_cache, out=out)
 
 
@@ -316,12 +376,13 @@ def _call_key(tensors, options):
 
 
 def make_workspace(query, key_cache, block_tables, *, query_length=None, num_partitions=None, arch=None,
-                   value_cache=None, context_lengths=None):
+                   value_cache=None, context_lengths=None, schedule=None):
     """A float32 workspace for ``paged_decode`` calls with these shapes: the same validation of the
-    arguments it is given and the same partition choice as the call."""
+    arguments it is given and the same partition choice (and schedule) as the call."""
     p = problem.describe(query, key_cache, value_cache, block_tables, context_lengths, None, None, limits=LIMITS,
                          query_length=query_length, arch=arch)
-    return _workspace(p, _partitions(p, num_partitions, None), None, None)
+    parts = _partitions(p, num_partitions, None)
+    return _workspace(p, parts, None, None, s6.choose_schedule(parts, schedule))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -335,25 +396,29 @@ def _paged_decode_op(query: torch.Tensor, key_cache: torch.Tensor, value_cache: 
                      block_tables: torch.Tensor, context_lengths: torch.Tensor, key_scale: torch.Tensor,
                      value_scale: torch.Tensor, out: torch.Tensor, workspace: torch.Tensor, softmax_scale: float,
                      sliding_window: int, query_length: int, num_partitions: int, m_tiles: int,
-                     arch: str) -> None:
+                     arch: str, schedule: str = "", chunk_tiles: int = 0) -> None:
     key = tuple((t.shape, t.dtype, t.device, t.stride()) for t in (query, key_cache, value_cache, block_tables,
                                                                     context_lengths, key_scale, value_scale, out,
                                                                     workspace))
-    key += (softmax_scale, sliding_window, query_length, num_partitions, m_tiles, arch, workspace.data_ptr())
+    key += (softmax_scale, sliding_window, query_length, num_partitions, m_tiles, arch, schedule, chunk_tiles,
+            workspace.data_ptr())
     pl = _op_problems.get(key)
     if pl is None:
         pl = plan(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale,
                   softmax_scale=softmax_scale, sliding_window=sliding_window, query_length=query_length,
                   workspace=workspace, num_partitions=num_partitions, m_tiles=m_tiles or None, arch=arch,
-                  check_values=False)
+                  check_values=False, schedule=schedule or None,  # "": the default schedule
+                  chunk_tiles=chunk_tiles or None)
         _op_problems[key] = pl
     else:
         pl.block_tables, pl.context_lengths = block_tables, context_lengths
+        pl.refresh()
     pl._launch(query, key_cache, value_cache, key_scale.reshape(-1) if key_scale.numel() == 1 else key_scale,
                value_scale.reshape(-1) if value_scale.numel() == 1 else value_scale, out)
 
 
 @_paged_decode_op.register_fake
 def _(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale, out, workspace,
-      softmax_scale, sliding_window, query_length, num_partitions, m_tiles, arch) -> None:
+      softmax_scale, sliding_window, query_length, num_partitions, m_tiles, arch, schedule="",
+      chunk_tiles=0) -> None:
     return None

@@ -17,7 +17,7 @@ import numpy as np
 
 __all__ = ["OKABE_ITO", "decode_floor", "cache_layouts", "mfma_atom", "wave_split", "mfma_ownership", "softmax_butterfly",
            "load_segments", "lds_banks", "phase_timeline", "traffic_bars", "split_k", "roofline", "static_facts",
-           "trace_facts", "partition_sweep", "stage_predictions"]
+           "trace_facts", "partition_sweep", "stage_predictions", "work_layouts", "schedule_predictions"]
 
 #: Okabe & Ito's colour-blind-safe palette (black last: it is kept for text and markers)
 OKABE_ITO = ("#E69F00", "#56B4E9", "#009E73", "#F0E442", "#0072B2", "#D55E00", "#CC79A7", "#000000")
@@ -694,5 +694,62 @@ def head_dim_split_timeline(m_tiles: int = 4, group: int = 4):
     _style(ax, f"One tile with P·V split by head_dim ({m_tiles} M-tiles, {group} per phase group)",
            None, None)
     ax.set_xlabel("issue order (schematic, not to scale) →", fontsize=FONT)
+    fig.tight_layout()
+    return fig
+
+
+def work_layouts(tiles: Sequence[int], layouts: Mapping[str, Sequence[Sequence[tuple]]]):
+    """Which workgroup walks each tile of a ragged batch, one panel per layout.
+
+    ``tiles[s]``: sequence s's 256-token tiles; ``layouts[name][s]``: its workgroups as ``(first
+    tile, end tile)`` ranges (chapter 6 computes them: the uniform split and the work list). The
+    panel's title names its busiest workgroup: the launch lasts at least as long as it does."""
+    plt = _plt()
+    fig, axes = plt.subplots(len(layouts), 1, figsize=(WIDTH, (0.28 * len(tiles) + 0.9) * len(layouts)),
+                             squeeze=False)
+    for ax, (name, per_seq) in zip(axes.flat, layouts.items()):
+        busiest, count = 0, 0
+        for s, ranges in enumerate(per_seq):
+            for k, (t0, t1) in enumerate(ranges):
+                if t1 <= t0:
+                    continue
+                count += 1
+                busiest = max(busiest, t1 - t0)
+                ax.barh(s, t1 - t0, left=t0, height=0.7, color=LINE_COLORS[k % len(LINE_COLORS)], edgecolor="white",
+                        lw=0.6)
+        ax.set_yticks(range(len(tiles)), [f"seq {s}: {n} tiles" for s, n in enumerate(tiles)], fontsize=FONT - 1)
+        ax.invert_yaxis()
+        ax.set_xlim(0, max(tiles) * 1.02)
+        ax.grid(axis="x", alpha=0.3)
+        _style(ax, f"{name}: {count} busy workgroups per KV head, the busiest walks {busiest} tiles",
+               "256-token tile" if ax is axes.flat[-1] else None, None)
+    fig.tight_layout()
+    return fig
+
+
+def schedule_predictions(rows: Sequence[Mapping], *, note: str = ""):
+    """Predicted time of a split's two layouts per batch and GPU, beside the HBM floor.
+
+    ``rows``: dicts with ``batch`` (a label), ``gpu``, ``uniform``, ``balanced`` and ``floor``
+    (µs), optionally ``partitions``. Every bar is a MODEL PREDICTION: the title says so."""
+    plt = _plt()
+    batches = list(dict.fromkeys(r["batch"] for r in rows))
+    gpus = list(dict.fromkeys(r["gpu"] for r in rows))
+    fig, axes = plt.subplots(1, len(gpus), figsize=(WIDTH, 3.0), squeeze=False)
+    for ax, gpu in zip(axes.flat, gpus):
+        mine = {r["batch"]: r for r in rows if r["gpu"] == gpu}
+        x = np.arange(len(batches))
+        for k, (key, label) in enumerate((("uniform", "uniform split"), ("balanced", "balanced (work list)"))):
+            vals = [mine[b][key] for b in batches]
+            bars = ax.bar(x + (k - 0.5) * 0.38, vals, 0.38, color=LINE_COLORS[k], label=label)
+            for b, v in zip(bars, vals):
+                ax.text(b.get_x() + b.get_width() / 2, v, f"{v:.0f}", ha="center", va="bottom", fontsize=FONT - 1)
+        ax.plot(x, [mine[b]["floor"] for b in batches], "_", color="black", ms=22, mew=1.5, label="HBM floor")
+        ax.set_xticks(x, [b + (f"\nP={mine[b]['partitions']}" if "partitions" in mine[b] else "") for b in batches],
+                      fontsize=FONT - 1)
+        ax.set_ylim(0, max(max(r["uniform"], r["balanced"]) for r in rows) * 1.15)
+        _style(ax, gpu, None, "predicted µs")
+        ax.legend(fontsize=FONT - 1, loc="upper right")
+    fig.suptitle("PREDICTED by pa_tile.perf.model (not measured)" + (f": {note}" if note else ""), fontsize=FONT + 1)
     fig.tight_layout()
     return fig

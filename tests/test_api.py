@@ -122,12 +122,17 @@ def test_workspace_size_and_make_workspace():
     # 3 sequences x 1 KV head x rows 16 (2 x 8) x (128 + 2) floats per partition
     assert s6.workspace_size(3, 1, 8, 2, 128, 4) == 3 * 4 * 16 * 130
     assert s6.workspace_size(3, 1, 8, 2, 128, 1) == 1
-    ws = pa_tile.make_workspace(g["query"], g["key_cache"], g["block_tables"], num_partitions=4, arch="gfx942")
+    ws = pa_tile.make_workspace(g["query"], g["key_cache"], g["block_tables"], num_partitions=4, arch="gfx942",
+                                schedule="uniform")
     assert ws.dtype == torch.float32 and ws.numel() == 3 * 4 * 16 * 130
+    # the default (balanced) split's partials are per work-list entry: 3 x (4 + 1) of them
+    assert s6.workspace_size(3, 1, 8, 2, 128, 4, "balanced") == 3 * 5 * 16 * 130
+    ws = pa_tile.make_workspace(g["query"], g["key_cache"], g["block_tables"], num_partitions=4, arch="gfx942")
+    assert ws.numel() == 3 * 5 * 16 * 130
     # default: the heuristic's choice for these shapes (600 tokens -> 38 pages -> 608 slots -> 3 tiles -> 1)
     auto = pa_tile.make_workspace(g["query"], g["key_cache"], g["block_tables"], arch="gfx942")
     P = s6.choose_num_partitions(3, 1, g["block_tables"].shape[1] * 16, arch="gfx942", group=8, query_length=2)
-    assert auto.numel() == s6.workspace_size(3, 1, 8, 2, 128, P)
+    assert auto.numel() == s6.workspace_size(3, 1, 8, 2, 128, P, s6.choose_schedule(P))
     with pytest.raises(TypeError, match="block_tables"):
         pa_tile.make_workspace(g["query"], g["key_cache"], [1])
 

@@ -58,14 +58,17 @@ def test_paged_decode_on_fake_cuda_tensors_reads_no_value(arch, split):
 
 
 class _Allocations(TorchDispatchMode):
-    """Records every aten op that is not a view (an op that creates storage: an allocation)."""
+    """Records every aten op that is neither a view nor writes into a tensor it is given
+    (``out=``, in place): an op that creates storage, an allocation (``prim.device``, a metadata
+    query, is none). ``ops`` records them all."""
 
     def __init__(self):
         super().__init__()
-        self.seen = []
+        self.seen, self.ops = [], []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if not func.is_view:
+        self.ops.append(str(func))
+        if not func.is_view and not func._schema.is_mutable and func.namespace != "prim":
             self.seen.append(str(func))
         return func(*args, **(kwargs or {}))
 
@@ -80,7 +83,10 @@ def test_plan_run_on_fake_cuda_allocates_nothing_with_out():
         with _Allocations() as allocs:
             for _layer in range(3):
                 assert plan.run(args[0], args[1], args[2], out=out) is out
-        assert allocs.seen == []
+        assert allocs.seen == [] and not any("searchsorted" in op for op in allocs.ops)  # the work list is the plan's
+        with _Allocations() as allocs:
+            assert plan.refresh() is plan  # the work list again, in the plan's buffers
+        assert plan.schedule == "balanced" and allocs.seen == [] and any("searchsorted" in op for op in allocs.ops)
         with _Allocations() as allocs:
             plan.run(args[0], args[1], args[2])  # without out: exactly the output is allocated
         assert len(allocs.seen) == 1 and "empty" in allocs.seen[0]

@@ -44,11 +44,14 @@ def _traffic(arch, group, query_length, scales="per-tensor", batch=3):
 
 @pytest.fixture
 def forced_partitions(monkeypatch):
-    """``use(P)``: every plan in the test splits ``P`` ways (the stage's chooser answers ``P``)."""
+    """``use(P)``: every plan in the test splits ``P`` ways (the stage's chooser answers ``P``),
+    each sequence in ``P`` equal ranges: the uniform schedule these pins measure (the balanced
+    one's bytes: tests/test_balanced.py)."""
     from pa_tile.stages import s6_split_k as s6
 
     def use(parts):
         monkeypatch.setattr(s6, "choose_num_partitions", lambda *a, **k: parts)
+        monkeypatch.setattr(s6, "DEFAULT_SCHEDULE", "uniform")
     return use
 
 

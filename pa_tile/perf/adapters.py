@@ -200,9 +200,10 @@ class StageAdapter:
                     value_cache=_V_BUILDERS[v_layout](case.v_cache), block_tables=case.block_tables,
                     context_lengths=case.context_lengths, key_scale=case.k_scale, value_scale=case.v_scale)
 
-    def run(self, case, arch: str, *, out: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """Run on the current backend (``paged_decode`` picks it); returns the output."""
-        return self.module.paged_decode(**self.inputs(case), out=out, arch=_check_arch(arch))
+    def run(self, case, arch: str, *, out: Optional[torch.Tensor] = None, **options) -> torch.Tensor:
+        """Run on the current backend (``paged_decode`` picks it); returns the output. ``options``:
+        the stage's own ``paged_decode`` options (``num_partitions``, ``schedule``, ...)."""
+        return self.module.paged_decode(**self.inputs(case), out=out, arch=_check_arch(arch), **options)
 
     def launcher(self, case, arch: str, out: torch.Tensor, *, inputs: Optional[Dict] = None
                  ) -> Tuple[Callable[[], None], str]:

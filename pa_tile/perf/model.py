@@ -35,7 +35,11 @@ spend the rest of their walked tile in a delay station; one workgroup alone take
 A workgroup of ``T`` tiles takes ``T * round + F`` (``F``: its walked prologue+epilogue). The
 grid (batch x KV heads x M-groups x partitions) is dealt round-robin over the XCDs, then over each
 XCD's CUs; the busiest CU runs ``ceil(n / R_max)`` generations of at most ``R_max`` workgroups,
-the last (tail) one with only the remainder resident, its rounds timed with that many.
+the last (tail) one with only the remainder resident, its rounds timed with that many. A grid
+whose workgroups walk different numbers of tiles (a ragged batch, chapter 6's balanced work
+list: :func:`grid_of`) is dealt as the dispatcher deals it instead: round-robin over the XCDs,
+then each workgroup to the resident slot that frees first, the busiest slot's tiles x round
+plus its workgroups x ``F`` (the closed form is this schedule when every workgroup is alike).
 Memory: HBM bytes (K/V of every page touched, scales, query, output, block tables; split-K
 partials written and read back at Infinity Cache bandwidth, they fit in its 256 MB) over
 ``hbm_efficiency x peak``; bytes *requested* beyond the unique ones (M-groups re-reading K/V)
@@ -70,6 +74,8 @@ __all__ = [
     "sample_stage",
     "predict",
     "predict_stage",
+    "Grid",
+    "grid_of",
     "format_prediction",
     "vmem_segments",
     "line_executions",
@@ -776,16 +782,79 @@ def _grid_per_cu(wgs: int, hwc: _hw.Hardware) -> int:
     return -(-per_xcd // hwc.cus_per_xcd)
 
 
+@dataclasses.dataclass
+class Grid:
+    """The partial kernel's workgroups as the model deals them: ``x_tiles[z][x]`` the tiles of
+    workgroup (x, z) (every y, KV head x M-group, the same), dispatched x fastest, then y, then z;
+    ``slots`` the partial results written per y (one per workgroup of a split), ``reduce_loops``
+    the partitions the reduce merges per sequence."""
+
+    x_tiles: List[List[int]]
+    slots: int
+    reduce_loops: List[int]
+    #: timed in closed form: a uniform split of equally long sequences, every workgroup taken at
+    #: the busiest one's tiles (the form the model was validated in)
+    regular: bool = False
+
+
+def grid_of(shape: DecodeShape, partitions: int = 1, schedule: str = "uniform") -> Grid:
+    """The grid of stage 6's kernel for ``shape`` split into ``partitions`` laid out by ``schedule``
+    ("uniform": sequence s's ``ceil(t_s / P)``-tile ranges, as chapter 5's ``tile_range``;
+    "balanced": chapter 6's work list, ``s6.work_list`` run on the shape's context lengths)."""
+    tiles_seq = [-(-L // TILE) for L in shape.context_lengths]
+    if schedule == "balanced":
+        import torch
+
+        from ..stages import s6_split_k as s6
+
+        floor = s6.chunk_floor(shape.head_dim, shape.group, shape.query_length, block_size=shape.block_size,
+                               per_token=shape.scales == "per-token", query_bytes=shape.query_bytes)
+        work, offsets = s6.work_list(torch.tensor(shape.context_lengths, dtype=torch.int32), partitions, floor,
+                                     query_length=shape.query_length)
+        x = (work[:, 2] - work[:, 1]).clamp_min(0).tolist()
+        return Grid([x], len(x), (offsets[1:] - offsets[:-1]).tolist(), len(set(x)) == 1)
+    rows = []
+    for z in range(partitions):
+        rows.append([max(0, min(-(-t // partitions), t - z * -(-t // partitions))) for t in tiles_seq])
+    return Grid(rows, shape.batch * partitions if partitions > 1 else 0, [partitions] * shape.batch,
+                len(set(tiles_seq)) == 1)
+
+
+def _slot_loads(grid: Grid, ys: int, hwc: _hw.Hardware, r_max: int, round0: float, f0: float):
+    """Each resident slot's (tiles, workgroups) when the grid is dealt round-robin over the XCDs
+    and, within an XCD, each workgroup to the slot that frees first (its ``cus_per_xcd x r_max``
+    slots; a workgroup of t tiles holds one for ``t x round0 + f0``): the dispatcher's greedy list
+    schedule, durations taken at the unloaded round."""
+    import heapq
+
+    xcds = [[(0.0, i, 0, 0) for i in range(hwc.cus_per_xcd * r_max)] for _ in range(hwc.xcds)]
+    w = 0
+    for row in grid.x_tiles:
+        for _ in range(ys):
+            for t in row:
+                heap = xcds[w % hwc.xcds]
+                end, i, tiles, n = heapq.heappop(heap)
+                heapq.heappush(heap, (end + t * round0 + f0, i, tiles + t, n + 1))
+                w += 1
+    return [(tiles, n) for heap in xcds for _, _, tiles, n in heap if n]
+
+
 def predict(*, shape: DecodeShape, hw, per_tile: Dict[str, float], fixed: Dict[str, float],
             main: KernelCode, waves_per_workgroup: int = 4, m_groups: int = 1, partitions: int = 1,
-            reduce: Optional[KernelCode] = None, hot_cache: bool = False) -> Prediction:
-    """The model proper, on already gathered facts (see the module docstring)."""
+            reduce: Optional[KernelCode] = None, hot_cache: bool = False,
+            grid: Optional[Grid] = None) -> Prediction:
+    """The model proper, on already gathered facts (see the module docstring). ``grid``: the
+    partial kernel's workgroups (:func:`grid_of`; default the uniform split into ``partitions``).
+    A regular grid (every workgroup as many tiles) is timed in closed form, generations of
+    ``R_max``; any other (a ragged batch, a balanced split) by the dispatcher's list schedule
+    (:func:`_slot_loads`), the busiest slot's tiles x round + its workgroups x fixed cost."""
     hwc = _hw.hardware(hw)
     clk = hwc.clock_hz
     W = max(1, waves_per_workgroup)
-    tiles_seq = [-(-L // TILE) for L in shape.context_lengths]
-    T = max(-(-t // partitions) for t in tiles_seq)            # tiles of the busiest workgroup
-    wgs = shape.batch * shape.num_kv_heads * m_groups * partitions
+    grid = grid or grid_of(shape, partitions)
+    T = max(t for row in grid.x_tiles for t in row)            # tiles of the busiest workgroup
+    ys = shape.num_kv_heads * m_groups
+    wgs = sum(len(row) for row in grid.x_tiles) * ys
     per_cu = _grid_per_cu(wgs, hwc)
     r_max = max(1, main.workgroups_per_cu)
     R = min(r_max, per_cu)
@@ -820,11 +889,9 @@ def predict(*, shape: DecodeShape, hw, per_tile: Dict[str, float], fixed: Dict[s
     tr = traffic(shape, whole_pages=True)
     hbm_bytes = tr.total
     rows = shape.group * shape.query_length
-    partial_bytes = 0
-    if partitions > 1:
-        partial_bytes = shape.batch * shape.num_kv_heads * partitions * rows * (shape.head_dim + 2) * 4
-    requested = per_tile.get("other_bytes", 0.0) * sum(-(-t // partitions) * partitions for t in tiles_seq) \
-        * shape.num_kv_heads * m_groups
+    partial_bytes = grid.slots * shape.num_kv_heads * rows * (shape.head_dim + 2) * 4
+    requested = per_tile.get("other_bytes", 0.0) * (T * wgs if grid.regular else
+                                                   sum(sum(row) for row in grid.x_tiles) * ys)
     extra_l2 = max(0.0, requested - tr.kv)
     kv_ws = tr.kv
     bw = hwc.hbm_bytes_per_s * hwc.hbm_efficiency
@@ -868,13 +935,18 @@ def predict(*, shape: DecodeShape, hw, per_tile: Dict[str, float], fixed: Dict[s
             return mva_round(lt, (sum(demands),), r)
         return max(lt, r * simd_busy, r * lds_cu, r * ta_cu)
 
+    slots = None if grid.regular else _slot_loads(grid, ys, hwc, r_max, round_of(loaded(0.0)[0], R), loaded(0.0)[1])
+
     def evaluate(u):
         lt, fx = loaded(u)
         cand = dict(latency=lt, issue=R * simd_busy, lds=R * lds_cu, vmem_addresser=R * ta_cu)
         rc = round_of(lt, R)
         t_cu_ = 0.0
-        for r in gen_sizes:
-            t_cu_ += (T * round_of(lt, r) + fx) / clk
+        if slots is None:
+            for r in gen_sizes:
+                t_cu_ += (T * round_of(lt, r) + fx) / clk
+        else:
+            t_cu_ = max(tiles * rc + n * fx for tiles, n in slots) / clk
         return cand, rc, t_cu_, max(t_cu_, t_mem)
 
     # the utilisation the loaded latency sees: of the achievable bandwidth (hbm_efficiency x peak,
@@ -900,11 +972,11 @@ def predict(*, shape: DecodeShape, hw, per_tile: Dict[str, float], fixed: Dict[s
     terms = dict(launch=hwc.launch_us, cu=t_cu * 1e6, memory=t_mem * 1e6)
 
     t_reduce = 0.0
-    if partitions > 1:
+    if grid.slots:
         r_wgs = shape.batch * shape.num_kv_heads * m_groups
         if reduce is not None:
             rl = reduce.loop.cycles if reduce.loop is not None else 0.0
-            r_cycles = reduce.fixed.cycles + partitions * rl
+            r_cycles = reduce.fixed.cycles + max(grid.reduce_loops) * rl
             r_gen = -(-_grid_per_cu(r_wgs, hwc) // max(1, reduce.workgroups_per_cu))
             r_cu = r_gen * r_cycles / clk
         else:
@@ -929,6 +1001,7 @@ def predict(*, shape: DecodeShape, hw, per_tile: Dict[str, float], fixed: Dict[s
         bound += " + launch/reduce overhead dominant"
     details = dict(
         workgroups=wgs, partitions=partitions, m_groups=m_groups, tiles_per_workgroup=T, per_cu=per_cu,
+        list_scheduled=slots is not None,
         resident_workgroups=R, max_resident=r_max, generations=generations, round_cycles=round_cycles,
         round_terms=cand, simd_busy_terms=simd, latency_tile_cycles=L_tile, vm_stall_tile_cycles=L_vm,
         demands=dict(issue=simd_busy, lds=lds_cu, vmem_addresser=ta_cu), contention=CU_CONTENTION,
@@ -940,9 +1013,10 @@ def predict(*, shape: DecodeShape, hw, per_tile: Dict[str, float], fixed: Dict[s
 
 def predict_stage(stage: str, shape: DecodeShape, gpu: str = "mi300x", *, sample: Optional[Sample] = None,
                   partitions: Optional[int] = None, hw_overrides: Optional[Dict[str, float]] = None,
-                  hot_cache: bool = False) -> Prediction:
+                  hot_cache: bool = False, schedule: Optional[str] = None) -> Prediction:
     """Predict ``stage`` at ``shape`` on ``gpu``: emulate a sample (unless given), walk its code,
-    pick the split the stage would pick, combine."""
+    pick the split the stage would pick (and, for stage 6, its ``schedule``: None takes what
+    ``s6.choose_schedule`` takes for that split; :func:`grid_of`), combine."""
     hwc = _hw.hardware(gpu)
     if hw_overrides:
         hwc = _hw.with_fitted(hwc, hw_overrides)
@@ -954,9 +1028,14 @@ def predict_stage(stage: str, shape: DecodeShape, gpu: str = "mi300x", *, sample
     reduce = kernel_code(sample.reduce_asm, sample.reduce_kernel, hw=hwc, cached=True) if sample.reduce_asm else None
     if partitions is None:
         partitions = _stage_partitions(stage, shape, arch, hwc.compute_units)
+    from .. import stages
+
+    chooser = getattr(stages.get(stage), "choose_schedule", None)
+    schedule = chooser(partitions, schedule) if chooser is not None else "uniform"
     pred = predict(shape=shape, hw=hwc, per_tile=sample.per_tile, fixed=sample.fixed, main=main,
                    waves_per_workgroup=sample.waves_per_workgroup, m_groups=sample.m_groups,
-                   partitions=partitions, reduce=reduce, hot_cache=hot_cache)
+                   partitions=partitions, reduce=reduce, hot_cache=hot_cache,
+                   grid=grid_of(shape, partitions, schedule))
     pred.details.update(stage=sample.stage, sample=sample.to_dict(), main_kernel=main.to_dict())
     return pred
 
@@ -997,8 +1076,10 @@ def format_prediction(p: Prediction) -> str:
         f"PREDICTED (model, not measured) {d.get('stage', '?')} on {p.gpu}: {p.predicted_us:.1f} us",
         f"HBM floor (roofline, peak bandwidth): {p.floor_us:.1f} us  ->  {p.floor_us / p.predicted_us:.0%} of floor speed",
         f"bound: {p.bound}",
-        f"grid: {d['workgroups']} workgroups ({d['partitions']} partitions x {d['m_groups']} M-groups), "
-        f"{d['tiles_per_workgroup']} tiles each; {d['per_cu']} per CU on the busiest, "
+        f"grid: {d['workgroups']} workgroups ({d['partitions']} partitions x {d['m_groups']} M-groups"
+        + (", list-scheduled" if d.get("list_scheduled") else "") + "), "
+        f"{d['tiles_per_workgroup']} tiles {'at most' if d.get('list_scheduled') else 'each'}; "
+        f"{d['per_cu']} per CU on the busiest, "
         f"{d['resident_workgroups']} resident (max {d['max_resident']}), {d['generations']} generation(s)",
         f"per tile: round {d['round_cycles']:.0f} cycles = max(" +
         ", ".join(f"{k} {v:.0f}" for k, v in d['round_terms'].items()) + "); fixed per workgroup "

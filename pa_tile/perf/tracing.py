@@ -183,9 +183,11 @@ def _require_emulator():
                            "(or pa_tile.set_backend('emu')) before the first kernel launch of the process")
 
 
-def trace_stage(stage: str, shape: Optional[DecodeShape] = None, arch: str = "gfx942", *, seed: int = 0) -> TraceReport:
+def trace_stage(stage: str, shape: Optional[DecodeShape] = None, arch: str = "gfx942", *, seed: int = 0,
+                **options) -> TraceReport:
     """Run ``stage`` once in the emulator on a case of ``shape`` (default: the stage's small one),
-    recording every access; the report includes the run's check against the reference."""
+    recording every access; the report includes the run's check against the reference.
+    ``options`` go to the stage's ``paged_decode`` (``num_partitions``, ``schedule``, ...)."""
     from ..emu import launch
     from ..emu.memory import Trace
     from . import adapters, checks
@@ -196,7 +198,7 @@ def trace_stage(stage: str, shape: Optional[DecodeShape] = None, arch: str = "gf
     case = ad.make_case(shape, arch, seed=seed)
     trace = Trace(arch)
     with launch.launch_options(trace=trace):
-        out = ad.run(case, arch)
+        out = ad.run(case, arch, **options)
     rep = report_from_trace(trace, f"stage {ad.name}", shape=shape)
     rep.check = checks.compare(out, checks.reference_output(case), ad.tolerance)
     return rep

@@ -8,7 +8,8 @@ The partial kernel is chapter 5's (``pa_tile.stages.s5_phase_split_mtp``) specia
 partition's row max, row sum and normalized output. ``build_reduce`` merges them into the output
 (global max, rescaled sums, weighted outputs; empty partitions add nothing, never NaN).
 ``choose_num_partitions`` picks the split from the problem's shape and the device's CU count;
-``workspace_size``/``carve`` lay the partials out in one buffer. The finished API built from them
+``work_list`` lays it out balanced for ragged batches (equal chunks of the batch's tiles, one
+workgroup each, ``choose_schedule``); ``workspace_size``/``carve`` lay the partials out in one buffer. The finished API built from them
 (``pa_tile.plan``, ``pa_tile.paged_decode``, the ``torch.ops.pa_tile.paged_decode`` op) is
 ``pa_tile.api``; this module's ``paged_decode``/``launch_args`` are the stage contract over it.
 """
@@ -24,13 +25,15 @@ import flydsl.expr as fx
 from flydsl.expr import gpu
 
 from pa_tile import arch as _arch
-from pa_tile.kernel_lib import LOG2E, TILE, buffer_load, buffer_store, exp2, fmax, imin, rcp, rsrc, select, splat4
+from pa_tile.kernel_lib import (LOG2E, TILE, buffer_load, buffer_store, device_code, exp2, fmax, imin, rcp, rsrc,
+                                scalar_load, select, splat4)
 from pa_tile.stages import s5_phase_split_mtp as s5
 
 __all__ = ["paged_decode", "launch_args", "build_reduce", "combine_torch", "choose_num_partitions",
            "choose_num_partitions_budget", "partition_table", "DEFAULT_POLICY", "TRAFFIC_CAP", "split_extra_bytes",
            "within_traffic_cap", "workspace_size", "carve", "make_workspace", "LIMITS",
-           "MAX_PARTITIONS", "PARTIAL_BYTES_BUDGET"]
+           "MAX_PARTITIONS", "PARTIAL_BYTES_BUDGET", "DEFAULT_SCHEDULE", "SCHEDULES", "chunk_floor",
+           "choose_schedule", "work_entries", "work_list", "work_list_buffers"]
 
 #: the finished kernel supports what chapter 5's does; the split is what this chapter adds
 LIMITS = dataclasses.replace(s5.LIMITS, stage="s6")
@@ -59,13 +62,16 @@ def combine_torch(pmax, psum, pout, query_length, group):
 
 
 @functools.lru_cache(maxsize=None)
-def build_reduce(head_dim, group, query_length, q_dtype="f16"):
+def build_reduce(head_dim, group, query_length, q_dtype="f16", balanced=False):
     """The ``@flyc.jit`` flash-combine launcher ``launch(out, pmax, psum, pout, num_seqs,
     num_kv_heads, num_partitions)`` for one (head_dim, group, query_length, query dtype).
 
     Reads chapter 5's partials (``pmax``/``psum`` [S, kvh, NP, rows], ``pout`` [S, kvh, NP, rows,
     head_dim], float32) and writes ``out`` [S·query_length, kvh·group, head_dim] (contiguous, f16 or
     bf16): ``M = max_{ℓ>0} m``, ``w = ℓ·exp(m - M)`` (0 where ℓ = 0), ``out = Σ w·o / Σ w`` (0 if Σ w = 0).
+    ``balanced``: the partials of a work list instead (``[entries, kvh, rows(, head_dim)]``, see
+    "Ragged batches"), ``launch(out, pmax, psum, pout, offsets, num_seqs, num_kv_heads)``:
+    sequence s merges entries ``offsets[s] .. offsets[s+1]``.
     """
     if head_dim % 64 or not 64 <= head_dim <= 256:
         raise ValueError(f"unsupported head_dim={head_dim} (64, 128 or 256)")
@@ -76,10 +82,11 @@ def build_reduce(head_dim, group, query_length, q_dtype="f16"):
     LPR = HD // 4  # lanes per row: 4 channels (one dwordx4) each
     RPW = REDUCE_THREADS // LPR  # rows per workgroup
     QDT = fx.BFloat16 if q_dtype == "bf16" else fx.Float16
+    GRID_Z = (ROWS + RPW - 1) // RPW
 
-    @flyc.kernel(known_block_size=(REDUCE_THREADS, 1, 1))
-    def pa_reduce_s6(out: fx.Tensor, pmax: fx.Tensor, psum: fx.Tensor, pout: fx.Tensor,
-                     num_kv_heads: fx.Int32, num_partitions: fx.Int32):
+    @device_code
+    def combine(out, pmax, psum, pout, num_kv_heads, z0, z1, first, stride):
+        """Merge partitions ``z0 .. z1`` of this thread's row, whose stats sit at float ``first + z·stride``."""
         tid = fx.Int32(gpu.thread_id("x"))
         seq = fx.Int32(gpu.block_id("x"))
         kvh = fx.Int32(gpu.block_id("y"))
@@ -87,13 +94,13 @@ def build_reduce(head_dim, group, query_length, q_dtype="f16"):
         rc = imin(r, ROWS - 1)  # rows past the end compute a real row's result and do not store it
         d0 = (tid % LPR) * 4
         mx_rs, sm_rs, po_rs, o_rs = (rsrc(t) for t in (pmax, psum, pout, out))
-        stat0 = (seq * num_kv_heads + kvh) * num_partitions * ROWS + rc  # partition 0's stats, in floats
+        stat0 = first(seq, kvh) + rc  # partition z's stats at stat0 + z·stride, in floats
         ninf = fx.Float32(float("-inf"))
         zero = fx.Float32(0.0)
 
         # pass 1: the global max over partitions that saw a token (an empty one enters as -inf)
-        for z, m_run in range(0, num_partitions, 1, init=[ninf]):
-            i = stat0 + fx.Int32(z) * ROWS
+        for z, m_run in range(z0(seq), z1(seq), 1, init=[ninf]):
+            i = stat0 + fx.Int32(z) * stride
             m = buffer_load(mx_rs, i * 4, 1).bitcast(fx.Float32)
             s = buffer_load(sm_rs, i * 4, 1).bitcast(fx.Float32)
             res = yield [fmax(fx.Float32(m_run[0]), fx.Float32(select(s > 0.0, m, ninf)))]
@@ -101,8 +108,8 @@ def build_reduce(head_dim, group, query_length, q_dtype="f16"):
 
         # pass 2: weights w = l·e^(m - M), selected (not multiplied) to 0 for empty partitions,
         # so M = -inf (all empty) never meets 0·inf
-        for z, st in range(0, num_partitions, 1, init=[zero, fx.Vector.filled(4, 0.0, fx.Float32)]):
-            i = stat0 + fx.Int32(z) * ROWS
+        for z, st in range(z0(seq), z1(seq), 1, init=[zero, fx.Vector.filled(4, 0.0, fx.Float32)]):
+            i = stat0 + fx.Int32(z) * stride
             m = buffer_load(mx_rs, i * 4, 1).bitcast(fx.Float32)
             s = buffer_load(sm_rs, i * 4, 1).bitcast(fx.Float32)
             o = buffer_load(po_rs, (i * HD + d0) * 4, 4).bitcast(fx.Float32)
@@ -116,12 +123,33 @@ def build_reduce(head_dim, group, query_length, q_dtype="f16"):
             orow = (seq * QL + qi) * (num_kv_heads * G) + kvh * G + (rc - qi * G)
             buffer_store(o.to(QDT).bitcast(fx.Int32), o_rs, (orow * HD + d0) * 2)
 
+    if balanced:
+        @flyc.kernel(known_block_size=(REDUCE_THREADS, 1, 1))
+        def pa_reduce_s6_listed(out: fx.Tensor, pmax: fx.Tensor, psum: fx.Tensor, pout: fx.Tensor,
+                                offsets: fx.Tensor, num_kv_heads: fx.Int32):
+            combine(out, pmax, psum, pout, num_kv_heads, lambda seq: scalar_load(offsets, seq),
+                    lambda seq: scalar_load(offsets, seq + 1), lambda seq, kvh: kvh * ROWS, num_kv_heads * ROWS)
+
+        @flyc.jit
+        def launch_listed(out: fx.Tensor, pmax: fx.Tensor, psum: fx.Tensor, pout: fx.Tensor, offsets: fx.Tensor,
+                          num_seqs: fx.Int32, num_kv_heads: fx.Int32, stream: fx.Stream = fx.Stream(None)):
+            pa_reduce_s6_listed(out, pmax, psum, pout, offsets, num_kv_heads).launch(
+                grid=(num_seqs, num_kv_heads, GRID_Z), block=(REDUCE_THREADS, 1, 1), stream=stream)
+
+        return launch_listed
+
+    @flyc.kernel(known_block_size=(REDUCE_THREADS, 1, 1))
+    def pa_reduce_s6(out: fx.Tensor, pmax: fx.Tensor, psum: fx.Tensor, pout: fx.Tensor,
+                     num_kv_heads: fx.Int32, num_partitions: fx.Int32):
+        combine(out, pmax, psum, pout, num_kv_heads, lambda seq: 0, lambda seq: num_partitions,
+                lambda seq, kvh: (seq * num_kv_heads + kvh) * num_partitions * ROWS, ROWS)
+
     @flyc.jit
     def launch(out: fx.Tensor, pmax: fx.Tensor, psum: fx.Tensor, pout: fx.Tensor,
                num_seqs: fx.Int32, num_kv_heads: fx.Int32, num_partitions: fx.Int32,
                stream: fx.Stream = fx.Stream(None)):
         pa_reduce_s6(out, pmax, psum, pout, num_kv_heads, num_partitions).launch(
-            grid=(num_seqs, num_kv_heads, (ROWS + RPW - 1) // RPW), block=(REDUCE_THREADS, 1, 1), stream=stream)
+            grid=(num_seqs, num_kv_heads, GRID_Z), block=(REDUCE_THREADS, 1, 1), stream=stream)
 
     return launch
 
@@ -270,12 +298,97 @@ def choose_num_partitions(num_seqs, num_kv_heads, max_context, *, arch, head_dim
     return parts
 
 
-def workspace_size(num_seqs, num_kv_heads, group, query_length, head_dim, num_partitions):
-    """float32 elements of the workspace for one problem shape and partition count
-    (1 when ``num_partitions`` is 1: a placeholder the unsplit kernel never touches)."""
-    if num_partitions <= 1:
+#: how a split lays its work out: "balanced" (a work list, "Ragged batches") or "uniform" (each
+#: sequence in ``num_partitions`` equal ranges of its own tiles)
+DEFAULT_SCHEDULE = "balanced"
+SCHEDULES = ("balanced", "uniform")
+
+
+def choose_schedule(num_partitions, schedule=None):
+    """The layout of a call's work: ``schedule`` if given (``"balanced"`` also balances an
+    unsplit call: a work list aiming at one chunk per sequence), else :data:`DEFAULT_SCHEDULE`
+    for a split and ``"uniform"`` (chapter 5's kernel, no reduce) for an unsplit call, whose
+    lengths the plan cannot read without a host sync: balancing a batch of short sequences
+    would add a partial per sequence, past the traffic cap."""
+    if schedule is not None and schedule not in SCHEDULES:
+        raise ValueError(f"schedule: expected one of {SCHEDULES} or None, got {schedule!r}")
+    return schedule or (DEFAULT_SCHEDULE if num_partitions > 1 else "uniform")
+
+
+def chunk_floor(head_dim, group, query_length, *, block_size=16, per_token=False, query_bytes=2):
+    """The fewest 256-token tiles a balanced split's chunk gets: its extra bytes (one more query
+    read and one more partial's round trip, :data:`SPLIT_EXTRA_MARGIN` x) at most
+    ``TRAFFIC_CAP - 1`` of its tiles' compulsory bytes (and at least ``MIN_TILES_PER_PARTITION``)."""
+    def compulsory(ctx):
+        return _uniform_compulsory_bytes(1, 1, ctx, head_dim, group, query_length, block_size, per_token, query_bytes)
+
+    per_tile = compulsory(2 * TILE) - compulsory(TILE)
+    extra = SPLIT_EXTRA_MARGIN * (split_extra_bytes(1, 1, head_dim, group, query_length, 3, query_bytes)
+                                  - split_extra_bytes(1, 1, head_dim, group, query_length, 2, query_bytes))
+    return max(MIN_TILES_PER_PARTITION, math.ceil(extra / ((TRAFFIC_CAP - 1.0) * per_tile)))
+
+
+def work_entries(num_seqs, num_partitions):
+    """Entries of a balanced work list aiming at ``num_seqs × num_partitions`` chunks: every
+    sequence may add one short chunk, so ``num_seqs × (num_partitions + 1)`` always suffice."""
+    return num_seqs * (num_partitions + 1)
+
+
+def work_list_buffers(num_seqs, num_partitions, device):
+    """The tensors :func:`work_list` computes in (a plan allocates them once, so a run allocates
+    nothing and a captured graph replays the list's ops on its lengths)."""
+    n = work_entries(num_seqs, num_partitions)
+    b = {k: torch.empty(num_seqs, dtype=torch.int64, device=device) for k in ("tiles", "first", "units", "chunks", "ends")}
+    b.update({k: torch.empty(n, dtype=torch.int64, device=device) for k in ("seq", "t0", "t1", "gathered")})
+    b.update(per=torch.empty(1, dtype=torch.int64, device=device), x=torch.arange(n, device=device),
+             live=torch.empty(n, dtype=torch.bool, device=device),
+             work=torch.zeros(n, 4, dtype=torch.int32, device=device),
+             offsets=torch.zeros(num_seqs + 1, dtype=torch.int32, device=device))
+    return b
+
+
+def work_list(context_lengths, num_partitions, min_tiles, *, query_length=1, sliding_window=0, buffers=None):
+    """The balanced split of a batch, on ``context_lengths``' device without reading a value on
+    the host: ``(work, offsets)``, ``work`` [``work_entries``, 4] int32 rows (sequence, first tile,
+    end tile, 0), ``offsets`` [S + 1] int32 (sequence s owns entries ``offsets[s] .. offsets[s+1]``).
+    Chunks of ``per = max(min_tiles, ceil(total / (S·num_partitions)))`` tiles, the tiles a
+    sliding window skips left out. Every op writes into ``buffers`` (:func:`work_list_buffers`;
+    None: allocated here), so with them given nothing is allocated."""
+    S = context_lengths.shape[0]
+    b = buffers if buffers is not None else work_list_buffers(S, num_partitions, context_lengths.device)
+    tiles, first, units, chunks, ends, per = (b[k] for k in ("tiles", "first", "units", "chunks", "ends", "per"))
+    seq, t0, t1, g, x = (b[k] for k in ("seq", "t0", "t1", "gathered", "x"))
+    torch.add(context_lengths, TILE - 1, out=tiles).floor_divide_(TILE)
+    if sliding_window > 0:  # as the kernel's tile_range: tiles wholly before every row's window
+        torch.sub(context_lengths, query_length - 1 + sliding_window, out=first).clamp_min_(0).floor_divide_(TILE)
+    else:
+        first.zero_()
+    torch.sub(tiles, first, out=units).clamp_min_(0)
+    target = S * num_partitions
+    torch.sum(units, 0, keepdim=True, out=per).add_(target - 1).floor_divide_(target).clamp_min_(min_tiles)
+    torch.add(units, per, out=chunks).sub_(1).floor_divide_(per)
+    torch.cumsum(chunks, 0, out=ends)
+    torch.searchsorted(ends, x, right=True, out=seq).clamp_max_(S - 1)
+    # gathers (index_select), not indexing: fake cuda tensors (pa_tile's CPU proofs) take them
+    torch.index_select(ends, 0, seq, out=t0).sub_(torch.index_select(chunks, 0, seq, out=g))  # the sequence's first entry
+    torch.sub(x, t0, out=t0).mul_(per).add_(torch.index_select(first, 0, seq, out=g))
+    torch.minimum(torch.add(t0, per, out=t1), torch.index_select(tiles, 0, seq, out=g), out=t1)
+    torch.where(torch.lt(x, ends.narrow(0, S - 1, 1), out=b["live"]), t1, t0, out=t1)  # past the last chunk: empty
+    work, offsets = b["work"], b["offsets"]
+    for col, v in enumerate((seq, t0, t1)):  # add, not copy_: fake cuda tensors take an out= op, not copy_
+        torch.add(v, 0, out=work.select(1, col))
+    torch.add(ends, 0, out=offsets.narrow(0, 1, S))
+    return work, offsets
+
+
+def workspace_size(num_seqs, num_kv_heads, group, query_length, head_dim, num_partitions, schedule="uniform"):
+    """float32 elements of the workspace for one problem shape, partition count and schedule
+    (1 when ``num_partitions`` is 1: a placeholder the unsplit kernel never touches; a balanced
+    split's partials are per work-list entry, ``work_entries`` of them)."""
+    if num_partitions <= 1 and schedule != "balanced":
         return 1
-    return num_seqs * num_kv_heads * num_partitions * group * query_length * (head_dim + 2)
+    slots = work_entries(num_seqs, num_partitions) if schedule == "balanced" else num_seqs * num_partitions
+    return slots * num_kv_heads * group * query_length * (head_dim + 2)
 
 
 def carve(workspace, num_seqs, num_kv_heads, rows, head_dim, num_partitions):
@@ -287,13 +400,14 @@ def carve(workspace, num_seqs, num_kv_heads, rows, head_dim, num_partitions):
             workspace.narrow(0, 2 * n, n * head_dim).view(shape + (head_dim,)))
 
 
-def make_workspace(query, key_cache, block_tables, *, query_length=None, num_partitions=None, arch=None):
-    """A float32 workspace for ``paged_decode`` calls with these shapes (same validation and
-    partition choice as the call: ``pa_tile.api.make_workspace``)."""
+def make_workspace(query, key_cache, block_tables, *, query_length=None, num_partitions=None, arch=None,
+                   schedule=None):
+    """A float32 workspace for ``paged_decode`` calls with these shapes (same validation,
+    partition choice and schedule as the call: ``pa_tile.api.make_workspace``)."""
     from pa_tile import api
 
     return api.make_workspace(query, key_cache, block_tables, query_length=query_length,
-                              num_partitions=num_partitions, arch=arch)
+                              num_partitions=num_partitions, arch=arch, schedule=schedule)
 
 
 def launch_args(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale, **options):
