@@ -777,6 +777,43 @@ else:
 # refreshes on every call.
 
 # %% [markdown]
+# ### M-tiles per workgroup
+#
+# The other grid choice is chapter 5's: all of a KV head's M-tiles in one workgroup, so K and V
+# are read once. `m_tiles=` caps them, and the rest go to more workgroups along grid y, each
+# reading K and V again. Asked the same way, with 4 query tokens x group 16 (64 rows, 4 M-tiles)
+# over 8k tokens and 8 KV heads, the split the chooser picks for each batch:
+
+# %% tags=["nbval-ignore-output"]
+if backend.current_backend() == "emu":
+    MT_BATCHES = (1, 4, 16, 64)
+    mt_panels = {}
+    for gpu, (name, arch) in SWEEP_GPUS.items():
+        mt_panels[gpu] = {}
+        for cap in (4, 2, 1):
+            probe = DecodeShape(batch=1, context=1024, num_q_heads=16, num_kv_heads=1, head_dim=128, block_size=16,
+                                query_length=4)
+            smp = model.sample_stage("s6", probe, arch, m_tiles=cap)
+            us = [model.predict_stage("s6", DecodeShape(batch=b, context=8192, num_q_heads=128, num_kv_heads=8,
+                                                        head_dim=128, block_size=16, query_length=4),
+                                      name, sample=smp).predicted_us for b in MT_BATCHES]
+            mt_panels[gpu][f"m_tiles={cap}: K/V read {4 // cap}x"] = (MT_BATCHES, us)
+    figures.m_tile_predictions(mt_panels, note="stage 6, 4 query tokens x group 16, 8k tokens, 8 KV heads")
+    plt.show()
+else:
+    print("skipped on a GPU: the model samples its kernels in the emulator")
+
+# %% [markdown]
+# Here the model and the bytes disagree again, as they did over partitions at small batch. Up
+# to 16 sequences the model predicts one M-tile per workgroup faster (MI300X 137 -> 85 µs at one
+# sequence, MI355X 117 -> 74: four times the workgroups to hide the latency of), for 4x the K/V
+# loads, which it assumes hit L2 (its `l2_extra_bytes` go at L2 bandwidth, an optimistic
+# assumption no measurement here checks); at 64 sequences the re-reads cost more than the
+# parallelism buys (416 -> 517 µs). Within the traffic cap the choice is forced: any M-tile split
+# reads K and V at least twice, so the default keeps all M-tiles together, and `m_tiles=` is the
+# knob for a caller who measures that the re-reads pay on their GPU. (MODEL predictions.)
+
+# %% [markdown]
 # ## The workspace
 #
 # The partials of `P > 1` partitions live in one float32 buffer: `pmax`, `psum` (`S·kvh·P·rows`

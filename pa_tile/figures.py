@@ -17,7 +17,8 @@ import numpy as np
 
 __all__ = ["OKABE_ITO", "decode_floor", "cache_layouts", "mfma_atom", "wave_split", "mfma_ownership", "softmax_butterfly",
            "load_segments", "lds_banks", "phase_timeline", "traffic_bars", "split_k", "roofline", "static_facts",
-           "trace_facts", "partition_sweep", "stage_predictions", "work_layouts", "schedule_predictions"]
+           "trace_facts", "partition_sweep", "stage_predictions", "work_layouts", "schedule_predictions",
+           "m_tile_predictions"]
 
 #: Okabe & Ito's colour-blind-safe palette (black last: it is kept for text and markers)
 OKABE_ITO = ("#E69F00", "#56B4E9", "#009E73", "#F0E442", "#0072B2", "#D55E00", "#CC79A7", "#000000")
@@ -750,6 +751,34 @@ def schedule_predictions(rows: Sequence[Mapping], *, note: str = ""):
         ax.set_ylim(0, max(max(r["uniform"], r["balanced"]) for r in rows) * 1.15)
         _style(ax, gpu, None, "predicted µs")
         ax.legend(fontsize=FONT - 1, loc="upper right")
+    fig.suptitle("PREDICTED by pa_tile.perf.model (not measured)" + (f": {note}" if note else ""), fontsize=FONT + 1)
+    fig.tight_layout()
+    return fig
+
+
+def m_tile_predictions(panels: Mapping[str, Mapping[str, tuple]], *, note: str = ""):
+    """Predicted time against batch size, one line per M-tiles-per-workgroup cap, one panel per GPU.
+
+    ``panels[gpu][label] = (batches, predicted_us)``; the label says the cap and how many times
+    it reads K and V. Every line is a MODEL PREDICTION: the title says so."""
+    from matplotlib.ticker import NullFormatter, ScalarFormatter
+
+    plt = _plt()
+    fig, axes = plt.subplots(1, len(panels), figsize=(WIDTH, 2.8), squeeze=False)
+    for ax, (gpu, curves) in zip(axes.flat, panels.items()):
+        for k, (label, (xs, us)) in enumerate(curves.items()):
+            ax.plot(xs, us, "o-", color=LINE_COLORS[k % len(LINE_COLORS)], lw=1.2, ms=4, label=label)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        lo, hi = min(min(u) for _, u in curves.values()), max(max(u) for _, u in curves.values())
+        ax.set_yticks([t for t in (25, 50, 100, 200, 400, 800, 1600, 3200) if lo / 2 <= t <= hi * 2],
+                      minor=False)
+        ax.yaxis.set_major_formatter(ScalarFormatter())
+        ax.yaxis.set_minor_formatter(NullFormatter())
+        xs = next(iter(curves.values()))[0]
+        ax.set_xticks(list(xs), [str(x) for x in xs])
+        _style(ax, gpu, "sequences (8 KV heads each)", "predicted µs")
+        ax.legend(fontsize=FONT - 1, loc="upper left")
     fig.suptitle("PREDICTED by pa_tile.perf.model (not measured)" + (f": {note}" if note else ""), fontsize=FONT + 1)
     fig.tight_layout()
     return fig

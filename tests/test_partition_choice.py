@@ -106,3 +106,26 @@ def test_table_is_the_models_argmin():
             if times[p] < times[pick] * (1 - t["min_gain"]):
                 pick = p
         assert c["best"][i][j] == pick, (gpu, n, tiles, times)
+
+
+@pytest.mark.skipif(backend.current_backend() != "emu", reason="the model samples the kernel in the emulator")
+def test_m_tile_split_verdict_of_the_model():
+    """Chapter 06, "M-tiles per workgroup" (MODEL predictions): with 64 query rows a KV head
+    (4 tokens x group 16) over 8k tokens, one M-tile per workgroup (4 M-groups, K/V read 4x) is
+    predicted faster at one sequence and slower at 64, and the default keeps them together."""
+    from pa_tile.perf import model
+    from pa_tile.perf.roofline import DecodeShape
+    from pa_tile.stages import s5_phase_split_mtp as s5
+
+    probe = DecodeShape(batch=1, context=1024, num_q_heads=16, num_kv_heads=1, head_dim=128, block_size=16,
+                        query_length=4)
+    assert s5.plan(128, 16, 4)[2:] == (4, 1)  # the default: all 4 M-tiles in one workgroup
+    us = {}
+    for cap in (4, 1):
+        smp = model.sample_stage("s6", probe, "gfx942", m_tiles=cap)
+        assert smp.m_groups == 4 // cap
+        for b in (1, 64):
+            shape = DecodeShape(batch=b, context=8192, num_q_heads=128, num_kv_heads=8, head_dim=128, block_size=16,
+                                query_length=4)
+            us[cap, b] = model.predict_stage("s6", shape, "mi300x", sample=smp).predicted_us
+    assert us[1, 1] < 0.7 * us[4, 1] and us[1, 64] > 1.1 * us[4, 64]

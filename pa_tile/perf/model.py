@@ -626,7 +626,8 @@ def aligned_lines(launch_obj) -> None:
         tr.bases = np.array(sorted({int(r[0]) for r in launch_obj.regions}), dtype=np.uint64)
 
 
-def _emulate(ad, shape: DecodeShape, arch: str, context: int, partitions: Optional[int], seed: int):
+def _emulate(ad, shape: DecodeShape, arch: str, context: int, partitions: Optional[int], seed: int,
+             m_tiles: Optional[int] = None):
     from ..emu import launch
     from . import checks
 
@@ -635,6 +636,8 @@ def _emulate(ad, shape: DecodeShape, arch: str, context: int, partitions: Option
     kw = dict(arch=arch)
     if partitions is not None and _accepts(ad.module.paged_decode, "num_partitions"):
         kw["num_partitions"] = partitions
+    if m_tiles is not None:
+        kw["m_tiles"] = m_tiles
     trace = line_trace(arch)
     prev = None
 
@@ -672,9 +675,10 @@ def _emulate(ad, shape: DecodeShape, arch: str, context: int, partitions: Option
 
 
 def sample_stage(stage: str, shape: DecodeShape, arch: str = "gfx942", *, contexts: Tuple[int, int] = (512, 1024),
-                 seed: int = 0) -> Sample:
+                 seed: int = 0, m_tiles: Optional[int] = None) -> Sample:
     """Emulate ``stage`` at two short contexts (one sequence, one KV head, the shape's group,
-    head_dim, page size, query length and scales; no split) and difference the runs."""
+    head_dim, page size, query length and scales; no split) and difference the runs.
+    ``m_tiles``: the stage's cap on M-tiles per workgroup (stages 5 and 6; None: its default)."""
     from .. import backend
     from . import adapters
 
@@ -685,8 +689,8 @@ def sample_stage(stage: str, shape: DecodeShape, arch: str = "gfx942", *, contex
     if lo % TILE or hi % TILE or hi <= lo:
         raise ValueError(f"contexts: expected two increasing multiples of {TILE}, got {contexts}")
     ad = adapters.get(stage)
-    a = _emulate(ad, shape, arch, lo, 1, seed)
-    b = _emulate(ad, shape, arch, hi, 1, seed)
+    a = _emulate(ad, shape, arch, lo, 1, seed, m_tiles)
+    b = _emulate(ad, shape, arch, hi, 1, seed, m_tiles)
     main_kernel, grid, main_asm = b["launches"][0]
     wgs = grid[0] * grid[1] * grid[2]
     m_groups = max(1, grid[1])  # one sequence, one KV head: grid y = KV heads x M-groups
@@ -708,7 +712,7 @@ def sample_stage(stage: str, shape: DecodeShape, arch: str = "gfx942", *, contex
     reduce_asm, reduce_kernel = "", None
     if _accepts(ad.module.paged_decode, "num_partitions"):
         try:
-            c = _emulate(ad, shape, arch, hi, 2, seed)
+            c = _emulate(ad, shape, arch, hi, 2, seed, m_tiles)
             if len(c["launches"]) > 1:
                 reduce_kernel, _, reduce_asm = c["launches"][-1]
         except Exception:  # noqa: BLE001 - a stage without a split simply has no reduce
