@@ -8,11 +8,11 @@
 
 ``plan`` validates everything once (``pa_tile.problem``), chooses the split-K partition count
 from the shapes and the device's CU count, lays a balanced split's work out from the context
-lengths (``Plan.refresh`` does it again after they change in place), and carves the workspace; ``Plan.run`` only checks
-that the tensors it is given match the plan (metadata, no values: no host sync), then launches
-chapter 5's kernel (and chapter 6's reduce when split) through ``pa_tile.launching`` (compiled
-once, on torch's current stream). With ``out=`` given ``run`` allocates nothing, so it can be
-captured in a CUDA/HIP graph. ``paged_decode`` is the one-shot call built on the same pieces.
+lengths (``Plan.refresh`` does it again after they change in place), and carves the workspace;
+``Plan.run`` only checks that the tensors it is given match the plan (metadata, no values: no
+host sync), then launches chapter 5's kernel (and chapter 6's reduce when split) through
+``pa_tile.launching`` (compiled once, on torch's current stream). With ``out=`` given ``run``
+allocates nothing, so it can be captured in a CUDA/HIP graph. ``paged_decode`` is the one-shot call built on the same pieces.
 
 ``torch.ops.pa_tile.paged_decode`` (``torch.library.custom_op``, mutating ``out`` and
 ``workspace``) is what ``paged_decode`` and ``run`` call while PyTorch traces them
@@ -198,8 +198,8 @@ class Plan:
         """Lay a balanced split's work out again from the context lengths' current values (after
         changing them in place, e.g. between the decode steps of a captured graph): device ops
         into the plan's own buffers, no host sync, nothing allocated; a run reads the result.
-        Layers of one step share it, so ``run`` does not redo it (a dozen small ops per layer).
-        Returns the plan."""
+        Layers of one step share it, so ``run`` does not redo it (its twenty-odd small ops cost
+        about 90 µs of host time on a CPU: once a step, not once a layer). Returns the plan."""
         if self._balanced:
             p = self.problem
             self._work = s6.work_list(self.context_lengths, self.num_partitions, self.chunk_tiles,

@@ -804,7 +804,8 @@ class Grid:
 def grid_of(shape: DecodeShape, partitions: int = 1, schedule: str = "uniform") -> Grid:
     """The grid of stage 6's kernel for ``shape`` split into ``partitions`` laid out by ``schedule``
     ("uniform": sequence s's ``ceil(t_s / P)``-tile ranges, as chapter 5's ``tile_range``;
-    "balanced": chapter 6's work list, ``s6.work_list`` run on the shape's context lengths)."""
+    "balanced": chapter 6's work list, ``s6.work_list`` run on the shape's context lengths with
+    the chosen split's chunk floor, ``s6.chunk_floor``)."""
     tiles_seq = [-(-L // TILE) for L in shape.context_lengths]
     if schedule == "balanced":
         import torch

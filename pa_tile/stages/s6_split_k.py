@@ -9,7 +9,8 @@ partition's row max, row sum and normalized output. ``build_reduce`` merges them
 (global max, rescaled sums, weighted outputs; empty partitions add nothing, never NaN).
 ``choose_num_partitions`` picks the split from the problem's shape and the device's CU count;
 ``work_list`` lays it out balanced for ragged batches (equal chunks of the batch's tiles, one
-workgroup each, ``choose_schedule``); ``workspace_size``/``carve`` lay the partials out in one buffer. The finished API built from them
+workgroup each, ``choose_schedule``); ``workspace_size``/``carve`` lay the partials out in one
+buffer. The finished API built from them
 (``pa_tile.plan``, ``pa_tile.paged_decode``, the ``torch.ops.pa_tile.paged_decode`` op) is
 ``pa_tile.api``; this module's ``paged_decode``/``launch_args`` are the stage contract over it.
 """
@@ -338,7 +339,8 @@ def work_list_buffers(num_seqs, num_partitions, device):
     """The tensors :func:`work_list` computes in (a plan allocates them once, so a run allocates
     nothing and a captured graph replays the list's ops on its lengths)."""
     n = work_entries(num_seqs, num_partitions)
-    b = {k: torch.empty(num_seqs, dtype=torch.int64, device=device) for k in ("tiles", "first", "units", "chunks", "ends")}
+    per_seq = ("tiles", "first", "units", "chunks", "ends")
+    b = {k: torch.empty(num_seqs, dtype=torch.int64, device=device) for k in per_seq}
     b.update({k: torch.empty(n, dtype=torch.int64, device=device) for k in ("seq", "t0", "t1", "gathered")})
     b.update(per=torch.empty(1, dtype=torch.int64, device=device), x=torch.arange(n, device=device),
              live=torch.empty(n, dtype=torch.bool, device=device),
@@ -370,7 +372,8 @@ def work_list(context_lengths, num_partitions, min_tiles, *, query_length=1, sli
     torch.cumsum(chunks, 0, out=ends)
     torch.searchsorted(ends, x, right=True, out=seq).clamp_max_(S - 1)
     # gathers (index_select), not indexing: fake cuda tensors (pa_tile's CPU proofs) take them
-    torch.index_select(ends, 0, seq, out=t0).sub_(torch.index_select(chunks, 0, seq, out=g))  # the sequence's first entry
+    # t0 = first[seq] + (x - (ends[seq] - chunks[seq])) * per: the entry's place in its sequence
+    torch.index_select(ends, 0, seq, out=t0).sub_(torch.index_select(chunks, 0, seq, out=g))
     torch.sub(x, t0, out=t0).mul_(per).add_(torch.index_select(first, 0, seq, out=g))
     torch.minimum(torch.add(t0, per, out=t1), torch.index_select(tiles, 0, seq, out=g), out=t1)
     torch.where(torch.lt(x, ends.narrow(0, S - 1, 1), out=b["live"]), t1, t0, out=t1)  # past the last chunk: empty
