@@ -618,14 +618,16 @@ else:
 # grid's x is the list's entries, not the sequences, and entry x says (sequence, first tile, end
 # tile). Each entry writes one partial; the reduce merges sequence s's entries `offsets[s] ..
 # offsets[s+1]`. `floor` is the traffic cap in tiles: a chunk's extra bytes (its query re-read
-# and its partials' round trip, times `SPLIT_EXTRA_MARGIN`) stay within 5 % of its tiles'.
+# and its partials' round trip, times `SPLIT_EXTRA_MARGIN`) stay within 5 % of its tiles' (for the
+# split the chooser picks; an explicit `num_partitions` is honoured down to one-tile chunks, as
+# the uniform layout honours it).
 #
 # The list is built on the device by torch ops (cumsum, searchsorted) that never read a value
 # on the host, so there is no sync, and `S·(P + 1)` entries always suffice (at most one short
 # chunk per sequence); entries past the last chunk are empty (`t_end = t_start`) and read
-# nothing but their entry. Unlike
-# upstream's persistent workgroups, a chunk never spans two sequences: every workgroup stays one
-# sequence's, as chapter 5's kernel is, at the cost of one short chunk per sequence.
+# nothing but their entry. Unlike upstream's persistent workgroups, a chunk never spans two
+# sequences: every workgroup stays one sequence's, as chapter 5's kernel is, at the cost of one
+# short chunk per sequence.
 
 # %% tags=["export"]
 #: how a split lays its work out: "balanced" (a work list, "Ragged batches") or "uniform" (each
@@ -761,7 +763,7 @@ else:
 # %% [markdown]
 # The model's verdict (MODEL predictions, MI300X / MI355X): one 32k sequence beside fifteen 1k
 # ones goes from about 192 / 166 µs to 67 / 54 µs, because the uniform split's busiest workgroup
-# walks 43 tiles and the balanced one's at most 4; the eight mixed lengths gain 20-25 %; the even
+# walks 43 tiles and the balanced one's at most 4; the eight mixed lengths gain 22 % / 10 %; the even
 # batch is unchanged (its chunks are the uniform split's, within 1 %: the empty entries cost a
 # scalar load and a partial write each, no query read). The third batch is where the chooser
 # splits nothing (64 sequences x 8 KV heads already fill the GPU, judged by the block table's
