@@ -60,8 +60,10 @@ def test_work_list_covers_every_tile_once_in_equal_chunks(seed):
         assert seen[s] == list(range(first[s], first[s] + units[s]))  # every tile once, none skipped
         assert offsets[s + 1] - offsets[s] == -(-units[s] // per)
     sizes = (work[:, 2] - work[:, 1]).tolist()
-    assert max(sizes) <= per  # no chunk above the even share
-    assert sum(t == per for t in sizes) >= sum(1 for t in sizes if 0 < t < per) - S  # at most one short per sequence
+    for s in range(S):  # every chunk of a sequence is the even share but its last, which may be shorter
+        mine = sizes[offsets[s]:offsets[s + 1]]
+        assert all(t == per for t in mine[:-1]) and all(0 < t <= per for t in mine[-1:])
+    assert all(t == 0 for t in sizes[offsets[-1]:])  # past the last chunk: empty entries
 
 
 def test_work_list_is_built_on_the_device_without_reading_a_value():
