@@ -940,7 +940,10 @@ def predict(*, shape: DecodeShape, hw, per_tile: Dict[str, float], fixed: Dict[s
             return mva_round(lt, (sum(demands),), r)
         return max(lt, r * simd_busy, r * lds_cu, r * ta_cu)
 
-    slots = None if grid.regular else _slot_loads(grid, ys, hwc, r_max, round_of(loaded(0.0)[0], R), loaded(0.0)[1])
+    slots = None
+    if not grid.regular:  # the list schedule's assignment, at the unloaded round and fixed cost
+        lt0, f0 = loaded(0.0)
+        slots = _slot_loads(grid, ys, hwc, r_max, round_of(lt0, R), f0)
 
     def evaluate(u):
         lt, fx = loaded(u)
