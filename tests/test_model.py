@@ -312,3 +312,69 @@ def test_stage_6_is_sampled_unsplit_with_its_reduce_kernel():
     assert smp.reduce_kernel and "pa_reduce" in smp.reduce_kernel and smp.reduce_asm
     assert smp.line_per_tile  # both runs compiled the same (unsplit) kernel
     assert smp.checks_ok
+
+
+def _asm_kernel(body: str) -> str:
+    """A one-kernel assembly listing with a main loop (label, body, backward branch)."""
+    return (".amdgcn_target \"amdgcn-amd-amdhsa--gfx942\"\n\t.text\n\t.globl k\n\t.p2align 8\n\t.type k,@function\n"
+            "k:\n\ts_mov_b32 s4, 0\n.LBB0_1:\n" + body +
+            "\ts_add_u32 s4, s4, 1\n\ts_cmp_lt_u32 s4, 8\n\ts_cbranch_scc1 .LBB0_1\n\ts_endpgm\n")
+
+
+def test_latency_exposures_count_the_serial_waits_of_one_iteration():
+    load = "\tbuffer_load_dwordx4 v[0:3], v4, s[0:3], 0 offen\n"
+    wait = "\ts_waitcnt vmcnt(0)\n"
+    work = "\tv_add_f32_e32 v5, v5, v6\n" * 20
+    h = hw.HARDWARE["mi300x"]
+    serial = model.kernel_code(_asm_kernel((load + wait + work) * 3), hw=h)
+    single = model.kernel_code(_asm_kernel(load + wait + work), hw=h)
+    assert serial.loop is not None and single.loop is not None
+    assert serial.latency_exposures == pytest.approx(3.0, abs=0.05)
+    assert single.latency_exposures == pytest.approx(1.0, abs=0.05)
+
+
+def test_a_latency_bound_prediction_outside_the_calibration_says_so():
+    s = SHAPES[1]
+    one = _predict(s, code=dataclasses.replace(_code(loop_cycles=20000.0, vm_stall=18000.0),
+                                               latency_curve=((6400.0, 20000.0, 3000.0), (9600.0, 23200.0, 3000.0))))
+    three = _predict(s, code=dataclasses.replace(_code(loop_cycles=20000.0, vm_stall=18000.0),
+                                                 latency_curve=((6400.0, 20000.0, 3000.0), (9600.0, 29600.0, 3000.0))))
+    assert one.bound.startswith("memory latency") and three.bound.startswith("memory latency")
+    assert one.details["latency_exposures_per_tile"] < three.details["latency_exposures_per_tile"]
+    assert model.calibration_note(one) is None
+    note = model.calibration_note(three)
+    assert note and note.startswith("CAUTION") and "held-out points of this kind" in note
+    assert note in model.format_prediction(three)
+    assert model.format_prediction(three).splitlines()[-1].startswith("predicted_us=")
+
+
+def test_validation_report_holds_the_fresh_points_out_of_the_fit():
+    rep = json.loads((DATA.parent / "model_validation.json").read_text())
+    rows, summary = rep["rows"], rep["summary"]
+    fit = [r for r in rows if r["role"] == "fit"]
+    fresh = [r for r in rows if r["fresh"]]
+    assert fresh and all(r["role"] == "held-out" for r in fresh)
+    assert 3 * len(fit) <= len(rows)  # at most a third of the points fitted
+    # the fit rule: every third point of the versions flydsl 0.5.0 builds, in version order
+    assert all(r["flydsl"] == "flydsl 0.5.0" for r in fit)
+    assert all(r["flydsl"] != "flydsl 0.5.0" for r in fresh)
+    assert summary["fresh_points"] == len(fresh) and summary["held_out"] == len(rows) - len(fit)
+    assert summary["fresh_within_15"] == sum(abs(r["err"]) <= 0.15 for r in fresh)
+    reg = summary["latency_regime"]
+    assert reg["serial"]["points"] + reg["calibrated"]["points"] == summary["held_out"]
+    lo, hi = reg["fit_exposures"]
+    assert lo == min(r["exposures"] for r in fit) and hi == max(r["exposures"] for r in fit)
+
+
+def test_the_harness_relaxes_the_emulator_hook_only_below_its_supported_flydsl():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("validate_model", DATA.parents[2] / "scripts" / "validate_model.py")
+    vm = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(vm)
+    from pa_tile.emu import launch
+
+    before = (launch.SUPPORTED_FLYDSL, launch._PLACEHOLDER_HOOKS, launch.compare_exports)
+    vm._fit_hook_to_seed_flydsl()  # the installed flydsl is supported: nothing changes
+    assert (launch.SUPPORTED_FLYDSL, launch._PLACEHOLDER_HOOKS, launch.compare_exports) == before
+    assert vm.FALLBACK_FLYDSL == "0.2.2"

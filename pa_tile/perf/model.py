@@ -59,6 +59,7 @@ import dataclasses
 import inspect
 import math
 import re
+from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from . import hw as _hw
@@ -107,7 +108,7 @@ CU_CONTENTION = "mva"
 #: achievable bandwidth (``hbm_efficiency`` x peak, "achievable", the previous form) or over the
 #: DRAM's peak ("peak": the literal utilisation of the server the requests queue at; the fitted
 #: hbm_efficiency then only caps the bandwidth). "peak" is the default since issue 14's follow-up, a
-#: choice made after seeing held-out errors (model_validation.md, 'This round')
+#: choice made after seeing held-out errors (model_validation.md, 'The previous round')
 UTILISATION_OF = "peak"
 #: the highest HBM utilisation the loaded-latency fixed point may reach (lat0 / (1 - u) stays finite)
 U_MAX = 0.95
@@ -408,6 +409,19 @@ class KernelCode:
         d = dataclasses.asdict(self)
         d["occupancy_bound"] = list(self.occupancy_bound)
         return d
+
+    @property
+    def latency_exposures(self) -> float:
+        """Memory latencies one walked loop iteration waits out in series: the slope of its
+        cycles in the latency (the re-walk curve's first step; without a curve, the waits that
+        stalled). 1 for a loop that prefetches a tile ahead, 3 for one that loads, waits, loads
+        again; the fitted latency is calibrated on loops of one (model_validation.md)."""
+        if self.loop is None:
+            return 0.0
+        c = self.latency_curve
+        if len(c) >= 2 and c[1][0] > c[0][0]:
+            return max(0.0, (c[1][1] - c[0][1]) / (c[1][0] - c[0][0]))
+        return float(self.loop.vm_stalled_waits)
 
 
 #: loop iterations averaged after the warm-up (the dithered walk of partly-run blocks)
@@ -1015,6 +1029,7 @@ def predict(*, shape: DecodeShape, hw, per_tile: Dict[str, float], fixed: Dict[s
         demands=dict(issue=simd_busy, lds=lds_cu, vmem_addresser=ta_cu), contention=CU_CONTENTION,
         fixed_cycles=F, hbm_utilisation=u, loaded_latency_cycles=lat0 / (1.0 - u), hbm_bytes=hbm_bytes, partial_bytes=partial_bytes, l2_extra_bytes=extra_l2,
         vm_bytes_in_flight_per_wave=inflight, effective_bw=bw, hardware=hwc.to_dict(), clamped=clamped,
+        latency_exposures_per_tile=main.latency_exposures * (scale if lp is not None and lp.instructions else 0.0),
     )
     return Prediction(hwc.name, shape.to_dict(), pred_us, floor, bound, terms, details)
 
@@ -1078,6 +1093,38 @@ def _stage_partitions(stage: str, shape: DecodeShape, arch: str, cu_count: int) 
                   group=shape.group, query_length=shape.query_length, cu_count=cu_count, **kw))
 
 
+#: where the validation report's figures live (scripts/validate_model.py writes it)
+VALIDATION_JSON = Path(__file__).resolve().parents[1] / "data" / "model_validation.json"
+#: a latency-bound loop that waits out more than this many memory latencies per tile in series is
+#: outside the regime the fitted latency was calibrated on (every fit point: about one)
+SERIAL_LATENCY_LIMIT = 1.5
+
+
+def latency_regime() -> Dict:
+    """The validation's held-out errors split by latency regime (``model_validation.json``), or {}."""
+    import json
+
+    try:
+        return json.loads(VALIDATION_JSON.read_text())["summary"].get("latency_regime", {})
+    except (OSError, ValueError, KeyError):
+        return {}
+
+
+def calibration_note(p: Prediction) -> Optional[str]:
+    """A warning when ``p`` is latency-bound outside the calibrated regime, with the validation's
+    errors there; None inside it."""
+    n = p.details.get("latency_exposures_per_tile", 0.0)
+    if not (p.bound.startswith("memory latency") and n > SERIAL_LATENCY_LIMIT):
+        return None
+    reg = latency_regime()
+    ser, fit = reg.get("serial", {}), reg.get("fit_exposures") or []
+    seen = (f"; held-out points of this kind: {ser['within_15']}/{ser['points']} within 15%, errors "
+            + ", ".join(f"{e:+.0%}" for e in ser["errors"])) if ser.get("points") else ""
+    cal = f" ({fit[0]:.2f}-{fit[1]:.2f} on every fit point)" if fit else ""
+    return (f"CAUTION: latency-bound with {n:.1f} memory latencies per tile in series; the fitted latency is "
+            f"calibrated on loops of about one{cal}{seen} (pa_tile/data/model_validation.md)")
+
+
 def format_prediction(p: Prediction) -> str:
     d = p.details
     lines = [
@@ -1093,6 +1140,10 @@ def format_prediction(p: Prediction) -> str:
         ", ".join(f"{k} {v:.0f}" for k, v in d['round_terms'].items()) + "); fixed per workgroup "
         f"{d['fixed_cycles']:.0f} cycles",
         "terms (us): " + ", ".join(f"{k} {v:.2f}" for k, v in p.terms_us.items()),
-        f"predicted_us={p.predicted_us:.3f} floor_us={p.floor_us:.3f}",
+        f"memory latencies per tile in series (one wave's walk): {d.get('latency_exposures_per_tile', 0.0):.2f}",
     ]
+    note = calibration_note(p)
+    if note:
+        lines.append(note)
+    lines.append(f"predicted_us={p.predicted_us:.3f} floor_us={p.floor_us:.3f}")
     return "\n".join(lines)
