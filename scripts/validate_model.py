@@ -336,7 +336,9 @@ def _run_worker(gitdir: Path, work: Path, sha: str, shapes, log, fallback=None) 
     hwc = _gpu()
     res = work / f"{sha}.cus{hwc.compute_units}.json"  # the host heuristics split by the CU count
     if res.exists():
-        return json.loads(res.read_text())
+        cached = json.loads(res.read_text())
+        if all(any(r["shape"] == sh for r in cached.get("shapes", [])) for sh in shapes):
+            return cached  # else a shape was added since: build again
     failed = work / f"{sha}.cus{hwc.compute_units}.failed.json"  # a version that did not build, remembered
     if failed.exists() and not fallback:
         return json.loads(failed.read_text())
@@ -600,10 +602,11 @@ def main(argv=None) -> int:
     # 2. compile + sample every version
     points = data["points"]
     versions = {}
-    for p in points:
-        versions.setdefault(p["commit"], [])
-        if p["shape"] not in versions[p["commit"]]:
-            versions[p["commit"]].append(p["shape"])
+    for sha, shape in [(p["commit"], p["shape"]) for p in points] + \
+            [(st[k], st["shape"]) for st in data["steps"] for k in ("before_version", "after_version")]:
+        versions.setdefault(sha, [])
+        if shape not in versions[sha]:
+            versions[sha].append(shape)
     if args.only:
         keep = tuple(args.only.split(","))
         versions = {k: v for k, v in versions.items() if k.startswith(keep)}
@@ -659,14 +662,12 @@ def main(argv=None) -> int:
                          overhead_us=r["overhead_us"], exposures=r["exposures"],
                          zero_latency_tile_cycles=r["zero_latency_tile_cycles"], fixed_cycles=r["fixed_cycles"]))
     held_rows = [r for r in rows if r["role"] == "held-out"]
-    pred_of = {(r["commit"], r["batch"], r["context"]): r["predicted_us"] for r in rows}
     steps = []
     for st in data["steps"]:
-        kb = (st["before_version"], st["shape"]["batch"], st["shape"]["context"])
-        ka = (st["after_version"], st["shape"]["batch"], st["shape"]["context"])
-        if kb in pred_of and ka in pred_of:
-            mr = st["after_us"] / st["before_us"]
-            pr = pred_of[ka] / pred_of[kb]
+        if st["before_version"] in ok and st["after_version"] in ok:
+            mr = measured_ratio(st)
+            pr = (_predict_point(results[st["after_version"]], st["shape"], best)["predicted_us"]
+                  / _predict_point(results[st["before_version"]], st["shape"], best)["predicted_us"])
             # a measured change of more than 2% needs a predicted change of more than 1% the same way
             if mr < 0.98:
                 same = pr < 0.99
@@ -676,6 +677,7 @@ def main(argv=None) -> int:
                 same = abs(pr - 1) <= 0.05
             steps.append(dict(quoted_in=st["quoted_in"], batch=st["shape"]["batch"], context=st["shape"]["context"],
                               measured_ratio=mr, predicted_ratio=pr, sign_ok=bool(same), subject=st["subject"],
+                              before=st["before_version"], after=st["after_version"], gap=bool(st.get("before_gap")),
                               fresh=st["before_version"] in fresh or st["after_version"] in fresh))
     summary = dict(
         versions=len(order), versions_ok=len(ok), points=len(usable), fit_points=len(fit_set),
@@ -703,6 +705,14 @@ def main(argv=None) -> int:
     log(f"report written to {args.out}")
     print(json.dumps({k: v for k, v in summary.items() if k != "failures"}, default=str))
     return 0
+
+
+def measured_ratio(st) -> float:
+    """after / before of a quoted step: of its times, or of its 'gap to production' multiples (the
+    production kernel's time, measured in the same session at the same shape, cancels)."""
+    if st.get("before_gap"):
+        return st["after_gap"] / st["before_gap"]
+    return st["after_us"] / st["before_us"]
 
 
 def _fresh_summary(rows, steps) -> dict:
@@ -745,6 +755,8 @@ def session_spread(data) -> list:
         figs.setdefault((p["commit"], p["shape"]["batch"], p["shape"]["context"]), []).append(
             (p["measured_us"], "its point, quoted in " + p["quoted_in"][:8]))
     for st in data["steps"]:
+        if st.get("before_gap"):  # a multiple of production's time, not a time
+            continue
         k = (st["before_version"], st["shape"]["batch"], st["shape"]["context"])
         figs.setdefault(k, []).append((st["before_us"], "'before' of the step quoted in " + st["quoted_in"][:8]))
     out = []

@@ -123,7 +123,11 @@ def test_validation_data_parses_and_every_point_cites_a_commit():
     sha = re.compile(r"^[0-9a-f]{40}$")
     for st in steps:
         assert sha.match(st["quoted_in"]) and sha.match(st["before_version"]) and sha.match(st["after_version"])
-        assert st["quote"].strip() and st["after_us"] > 0 and st["before_us"] > 0
+        assert st["quote"].strip()
+        if "before_gap" in st:  # a ratio step: multiples of production's time at the same shape
+            assert st["before_gap"] > 0 and st["after_gap"] > 0 and "before_us" not in st and st["note"]
+        else:
+            assert st["after_us"] > 0 and st["before_us"] > 0
         DecodeShape(**st["shape"])  # a valid shape
     points = data["points"]
     assert points and all(sha.match(p["commit"]) and p["quote"].strip() and p["measured_us"] > 0 for p in points)
