@@ -270,12 +270,12 @@ else:
 # L2 and Infinity Cache bandwidth, with the memory latency rising as HBM fills. Every constant
 # cites its source in `pa_tile.perf.hw`; three are FITTED on a third of the points below.
 #
-# How wrong it is, first: `scripts/validate_model.py` compiles 18 versions of the seed kernel's
+# How wrong it is, first: `scripts/validate_model.py` compiles 19 versions of the seed kernel's
 # history (ROCm/FlyDSL branch `pr-825`), predicts the gfx942 times their commit messages quote
 # and reports the error (`pa_tile/data/model_validation.md`). Those times were measured, the
 # evidence says, on an 80-CU MI308X (the report's "Device" section), so the validation runs on
 # that part; MI300X and MI355X predictions below use the same fitted constants, assuming the same
-# per-CU latency and fraction of peak HBM. The five earliest versions build only with flydsl
+# per-CU latency and fraction of peak HBM. The six earliest versions build only with flydsl
 # 0.2.2, the release of their date; their points were first predicted after the fit and the model
 # were fixed, so they are the one *fresh* test of it (every other held-out point was seen by some
 # earlier change to the model):
@@ -294,8 +294,10 @@ print(f"  fresh points only: {vs['fresh_within_15']}/{vs['fresh_points']} within
 reg = vs["latency_regime"]
 print(f"  latency-bound loops waiting out > 1.5 memory latencies per tile in series (every fit point: "
       f"{reg['fit_exposures'][0]:.2f}-{reg['fit_exposures'][1]:.2f}): {reg['serial']['within_15']}/"
-      f"{reg['serial']['points']} within 15 %, errors {', '.join(f'{e:+.0%}' for e in reg['serial']['errors'])}; "
-      f"every other point: {reg['calibrated']['within_15']}/{reg['calibrated']['points']}")
+      f"{reg['serial']['points']} within 15 %, errors {', '.join(f'{e:+.0%}' for e in reg['serial']['errors'])}, "
+      f"steps {reg['serial']['steps_sign_ok']}/{reg['serial']['steps']}; every other point: "
+      f"{reg['calibrated']['within_15']}/{reg['calibrated']['points']}, steps "
+      f"{reg['calibrated']['steps_sign_ok']}/{reg['calibrated']['steps']}")
 print(f"  issue 14's target (all held-out within 15 %, every step's sign, Spearman >= 0.9): {vs['verdict']}")
 
 # %% [markdown]

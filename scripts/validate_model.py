@@ -666,8 +666,9 @@ def main(argv=None) -> int:
     for st in data["steps"]:
         if st["before_version"] in ok and st["after_version"] in ok:
             mr = measured_ratio(st)
-            pr = (_predict_point(results[st["after_version"]], st["shape"], best)["predicted_us"]
-                  / _predict_point(results[st["before_version"]], st["shape"], best)["predicted_us"])
+            pa_ = _predict_point(results[st["after_version"]], st["shape"], best)
+            pb_ = _predict_point(results[st["before_version"]], st["shape"], best)
+            pr = pa_["predicted_us"] / pb_["predicted_us"]
             # a measured change of more than 2% needs a predicted change of more than 1% the same way
             if mr < 0.98:
                 same = pr < 0.99
@@ -678,6 +679,7 @@ def main(argv=None) -> int:
             steps.append(dict(quoted_in=st["quoted_in"], batch=st["shape"]["batch"], context=st["shape"]["context"],
                               measured_ratio=mr, predicted_ratio=pr, sign_ok=bool(same), subject=st["subject"],
                               before=st["before_version"], after=st["after_version"], gap=bool(st.get("before_gap")),
+                              serial=_serial(pa_) and _serial(pb_),
                               fresh=st["before_version"] in fresh or st["after_version"] in fresh))
     summary = dict(
         versions=len(order), versions_ok=len(ok), points=len(usable), fit_points=len(fit_set),
@@ -688,7 +690,7 @@ def main(argv=None) -> int:
         spearman_held=_spearman([r["predicted_us"] for r in held_rows], [r["measured_us"] for r in held_rows]),
         spearman_all=_spearman([r["predicted_us"] for r in rows], [r["measured_us"] for r in rows]),
         steps=len(steps), steps_sign_ok=sum(s["sign_ok"] for s in steps),
-        **_fresh_summary(rows, steps), latency_regime=_latency_regime(rows),
+        **_fresh_summary(rows, steps), latency_regime=_latency_regime(rows, steps),
         failures={sha[:8]: (r.get("error") or "")[-400:] for sha, r in results.items() if r.get("error")},
     )
     summary["verdict"] = _verdict(summary)
@@ -828,16 +830,25 @@ def _fresh_lines(s) -> list:
     ]
 
 
-def _latency_regime(rows) -> dict:
+def _serial(r) -> bool:
+    """Latency-bound with more than 1.5 memory latencies per tile in series: outside the regime
+    the fitted latency was calibrated on (model.SERIAL_LATENCY_LIMIT)."""
+    from pa_tile.perf import model
+
+    return r["bound"].startswith("memory latency") and r["exposures"] > model.SERIAL_LATENCY_LIMIT
+
+
+def _latency_regime(rows, steps=()) -> dict:
     """Held-out errors split by whether a point is in the regime the fitted latency was calibrated
     on: latency-bound with more than 1.5 serial memory latencies per tile, or not."""
     fit_exp = [r["exposures"] for r in rows if r["role"] == "fit"]
     out = dict(fit_exposures=[min(fit_exp), max(fit_exp)] if fit_exp else [])
-    for name, test in (("serial", lambda r: r["bound"].startswith("memory latency") and r["exposures"] > 1.5),
-                       ("calibrated", lambda r: not (r["bound"].startswith("memory latency") and r["exposures"] > 1.5))):
-        e = sorted(r["err"] for r in rows if r["role"] == "held-out" and test(r))
+    for name, serial in (("serial", True), ("calibrated", False)):
+        e = sorted(r["err"] for r in rows if r["role"] == "held-out" and _serial(r) == serial)
+        st = [x for x in steps if x["serial"] == serial]
         out[name] = dict(points=len(e), within_15=sum(abs(x) <= 0.15 for x in e),
-                         err_range=[e[0], e[-1]] if e else [], errors=e)
+                         err_range=[e[0], e[-1]] if e else [], errors=e,
+                         steps=len(st), steps_sign_ok=sum(x["sign_ok"] for x in st))
     return out
 
 
@@ -850,26 +861,27 @@ def _implied_latency(r, clk) -> float | None:
     return (cu_cycles / max(1, r["tiles"]) - r["zero_latency_tile_cycles"]) / r["exposures"]
 
 
-def _fresh_section(s, rows) -> list:
+def _fresh_section(s, rows, steps) -> list:
     if not s.get("fresh_points"):
         return []
     clk = _gpu().clock_hz
     lat = s["fitted"]["mem_latency_cycles"]
     reg = s["latency_regime"]
     out = [
-        "## This round: fresh held-out points (the five earliest versions, built with flydsl 0.2.2)",
+        "## This round: fresh held-out points (the six earliest versions, built with flydsl 0.2.2)",
         "",
-        "The five earliest versions (2026-06-29/30, the tile-API kernel: fx.gemm, tiled copies) trace with neither "
-        "flydsl 0.5.0 nor 0.4.2. They build with flydsl 0.2.2, the release of their date: pr-825 forked from main "
+        "The six earliest versions (2026-06-29/30, the tile-API kernel: fx.gemm, tiled copies; e9e28750, the first, "
+        "has no quoted time, only 'gap to production' multiples, so it enters as four ratio steps) trace with "
+        "neither flydsl 0.5.0 nor 0.4.2. They build with flydsl 0.2.2, the release of their date: pr-825 forked from main "
         "at f5c50f45 (2026-06-28), after v0.2.2 (2026-06-17) and before v0.2.3 (2026-07-08). This script "
         "pip-installs it into the work dir (`--fallback-flydsl`, default 0.2.2) and, in its worker only, lets the "
         "emulator hook run under it (`_fit_hook_to_seed_flydsl`: two self-test checks that do not apply are "
         "skipped; the sanitizer still checks every access of the sampled launches).",
         "",
         "Protocol: the fit rule (every third point of the versions 0.5.0 builds: the same 11 points as every "
-        "earlier round) and the model were committed (76e0cc4) before these points were first predicted, and "
-        "nothing was changed after seeing them. They are the only held-out points no model change was made "
-        "after seeing.",
+        "earlier round) and the model were committed (76e0cc4; e9e28750's ratio steps in 67a7a28) before these "
+        "versions were first predicted, and nothing was changed after seeing them. They are the only held-out "
+        "points and steps no model change was made after seeing.",
         "",
         *_fresh_lines(s),
         "",
@@ -881,6 +893,13 @@ def _fresh_section(s, rows) -> list:
             out.append(f"| `{r['commit'][:8]}` | {r['batch']} | {r['context']} | {r['measured_us']:g} | "
                        f"{r['predicted_us']:.0f} | {r['err']:+.0%} | {r['bound']} | {r['exposures']:.2f} | "
                        f"{r['resident']} |")
+    out += ["", "| step | batch | measured after/before | predicted | direction | both in the serial regime |",
+            "|---|---|---|---|---|---|"]
+    for st in steps:
+        if st["fresh"]:
+            out.append(f"| `{st['before'][:8]}` -> `{st['after'][:8]}`{' (gap ratio)' if st['gap'] else ''} | "
+                       f"{st['batch']} | {st['measured_ratio']:.3f} | {st['predicted_ratio']:.3f} | "
+                       f"{'right' if st['sign_ok'] else 'WRONG'} | {'yes' if st['serial'] else 'no'} |")
     ser, cal = reg["serial"], reg["calibrated"]
     imp = sorted(x for x in (_implied_latency(r, clk) for r in rows if r["role"] == "held-out") if x is not None)
     imp_serial = sorted(x for x in (_implied_latency(r, clk) for r in rows if r["role"] == "held-out"
@@ -894,9 +913,11 @@ def _fresh_section(s, rows) -> list:
         "wait, compute, load again). Held-out points split by that regime:",
         "",
         f"- latency-bound with more than 1.5 serial latencies per tile: {ser['within_15']}/{ser['points']} within "
-        "15%, errors " + ", ".join(f"{e:+.0%}" for e in ser["errors"]),
-        f"- every other held-out point: {cal['within_15']}/{cal['points']} within 15%, errors "
-        f"{cal['err_range'][0]:+.0%} to {cal['err_range'][1]:+.0%}" if cal["points"] else "- every other held-out point: none",
+        "15%, errors " + ", ".join(f"{e:+.0%}" for e in ser["errors"])
+        + f"; steps between two such predictions with the right direction: {ser['steps_sign_ok']}/{ser['steps']}",
+        (f"- every other held-out point: {cal['within_15']}/{cal['points']} within 15%, errors "
+         f"{cal['err_range'][0]:+.0%} to {cal['err_range'][1]:+.0%}" if cal["points"] else "- every other held-out point: none")
+        + f"; every other step: {cal['steps_sign_ok']}/{cal['steps']}",
         "- the latency per serial exposure the measured times imply, latency-bound points with one resident "
         "workgroup ((measured CU cycles per tile - the walk with no latency) / exposures): "
         + ", ".join(f"{x:.0f}" for x in imp) + " cycles"
@@ -974,7 +995,7 @@ def _report(s, rows, steps, data) -> str:
         "'max' = perfect overlap, the previous form); the loaded latency's HBM utilisation is of the "
         f"`{s.get('utilisation_of', 'achievable')}` bandwidth (pa_tile.perf.model.UTILISATION_OF)",
         "",
-        *_fresh_section(s, rows),
+        *_fresh_section(s, rows, steps),
         "## The previous round (issue 14 follow-up): what changed, and what was chosen after seeing held-out errors",
         "",
         "Every change below was made after the previous report's held-out errors had been seen (the brief named "

@@ -366,6 +366,8 @@ def test_validation_report_holds_the_fresh_points_out_of_the_fit():
     assert summary["fresh_within_15"] == sum(abs(r["err"]) <= 0.15 for r in fresh)
     reg = summary["latency_regime"]
     assert reg["serial"]["points"] + reg["calibrated"]["points"] == summary["held_out"]
+    assert reg["serial"]["steps"] + reg["calibrated"]["steps"] == summary["steps"] == len(rep["steps"])
+    assert summary["fresh_steps"] == sum(st["fresh"] for st in rep["steps"])
     lo, hi = reg["fit_exposures"]
     assert lo == min(r["exposures"] for r in fit) and hi == max(r["exposures"] for r in fit)
 

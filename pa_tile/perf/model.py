@@ -1120,6 +1120,8 @@ def calibration_note(p: Prediction) -> Optional[str]:
     ser, fit = reg.get("serial", {}), reg.get("fit_exposures") or []
     seen = (f"; held-out points of this kind: {ser['within_15']}/{ser['points']} within 15%, errors "
             + ", ".join(f"{e:+.0%}" for e in ser["errors"])) if ser.get("points") else ""
+    if ser.get("steps"):
+        seen += f"; before->after steps between two such: {ser['steps_sign_ok']}/{ser['steps']} the right way"
     cal = f" ({fit[0]:.2f}-{fit[1]:.2f} on every fit point)" if fit else ""
     return (f"CAUTION: latency-bound with {n:.1f} memory latencies per tile in series; the fitted latency is "
             f"calibrated on loops of about one{cal}{seen} (pa_tile/data/model_validation.md)")
