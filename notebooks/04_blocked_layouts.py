@@ -648,3 +648,17 @@ print(format_table(rows))
 # %% tags=["nbval-ignore-output"]
 cols = ["mnemonic", "space", "executions", "bytes", "segments", "min_segments", "max_degree", "conflict_cycles"]
 print(format_table(trace4.summary(), ["line"] + cols) if EMU else NO_TRACE)
+
+# %% [markdown]
+# ## Predicted time against stage 3 (a model, not a measurement)
+#
+# Faster, predicted, from coalescing alone: a K or V load of the blocked layout touches fewer
+# 64-byte segments (the first section's figure), so it spends fewer clocks in the CU's
+# vector-memory addresser before its latency starts, and that time sits on the same chain every
+# tile waits out. Where HBM bandwidth bounds a launch (many KV heads, long contexts) the two
+# stages tie: they read the same bytes.
+
+# %% tags=["nbval-ignore-output"]
+from pa_tile.perf import speedup  # noqa: E402
+
+print(speedup.report("s4", "s3"))

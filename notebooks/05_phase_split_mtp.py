@@ -1579,7 +1579,24 @@ else:
 # one workgroup, P·V split by head_dim. `tests/test_traffic.py` pins
 # these figures on the upstream test grid's shape (3 sequences of 1027 tokens, `query_length` 1–4,
 # group 8–32, both scale kinds and arches).
+
+# %% [markdown]
+# ## Predicted time against stage 4 (a model, not a measurement)
 #
+# Slower, predicted, at this shape: stage 5's loop loads each tile's K at the top of its
+# iteration, where stages 3 and 4 carried the next tile's K in registers (chapter 3's prefetch),
+# so its walk waits out a whole memory latency per tile instead of about 0.7 of one. Where HBM
+# bandwidth bounds the launch the two tie. What the phase split buys is not in this shape:
+# stage 4 cannot run multi-token decode or groups beyond 16 at all, and this chapter's M-tiles
+# read K and V once however many query rows share them (the traffic figure above). Putting the K
+# prefetch back inside the phase split is the next step the model points at (untried here).
+
+# %% tags=["nbval-ignore-output"]
+from pa_tile.perf import speedup  # noqa: E402
+
+print(speedup.report("s5", "s4"))
+
+# %% [markdown]
 # ## What is left for chapter 6
 #
 # * `num_partitions > 1` already writes partial results (`paged_decode_partials`, tested against a

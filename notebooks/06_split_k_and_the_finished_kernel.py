@@ -1124,7 +1124,22 @@ if not steps:
 # partial output (4 KB for these 8 rows) plus 8 bytes of stats per row, written once and read back
 # once by the reduce, against 64 KB of K+V for the tile. The reduce reads the partial outputs in
 # whole 64-byte segments; its per-row stats loads are one dword that the row's 32 lanes share.
+
+# %% [markdown]
+# ## Predicted time against stage 5 (a model, not a measurement)
 #
+# The split is where the finished kernel's predicted gain at decode batch sizes comes from: 16
+# long workgroups, each a chain of 64 tiles waiting on memory, become a few hundred short ones of
+# 4 tiles running side by side across the machine; the reduce kernel and its launch give part of
+# it back (the prediction's `reduce` term, chapter 7). Chapter 7 sets every stage and upstream's
+# tile kernel side by side on this shape.
+
+# %% tags=["nbval-ignore-output"]
+from pa_tile.perf import speedup  # noqa: E402
+
+print(speedup.report("s6", "s5"))
+
+# %% [markdown]
 # ## What you built
 #
 # * **Chapter 1**: a readable fp8 paged-decode kernel with FlyDSL's tile API, and the tools to see

@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import json
 import math
 import re
 from pathlib import Path
@@ -414,8 +415,9 @@ class KernelCode:
     def latency_exposures(self) -> float:
         """Memory latencies one walked loop iteration waits out in series: the slope of its
         cycles in the latency (the re-walk curve's first step; without a curve, the waits that
-        stalled). 1 for a loop that prefetches a tile ahead, 3 for one that loads, waits, loads
-        again; the fitted latency is calibrated on loops of one (model_validation.md)."""
+        stalled). The seed versions that prefetch a tile ahead wait out about one per tile, the
+        earliest (load, wait, compute, load again) about three; the fitted latency is calibrated
+        on loops of about one (model_validation.md)."""
         if self.loop is None:
             return 0.0
         c = self.latency_curve
@@ -1102,8 +1104,6 @@ SERIAL_LATENCY_LIMIT = 1.5
 
 def latency_regime() -> Dict:
     """The validation's held-out errors split by latency regime (``model_validation.json``), or {}."""
-    import json
-
     try:
         return json.loads(VALIDATION_JSON.read_text())["summary"].get("latency_regime", {})
     except (OSError, ValueError, KeyError):
