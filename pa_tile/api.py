@@ -51,10 +51,8 @@ def _workspace(p: problem.Problem, parts: int, m_tiles, workspace, schedule="uni
     if parts > 1:
         s5.partial_shapes(p, parts, m_tiles)  # refuses splits beyond 32-bit offsets
     if schedule == "balanced":
-        rows = s5.plan(p.head_dim, p.group, p.query_length, m_tiles)[0]
-        if s6.work_entries(p.num_seqs, parts) * p.num_kv_heads * rows * p.head_dim * 4 >= 2**31:
-            raise ValueError(f"num_partitions: a balanced split of {p.num_seqs} sequences into {parts} partitions "
-                             f"needs partial outputs beyond the kernel's 32-bit byte offsets; use fewer partitions")
+        s5.check_partial_offsets(p, s6.work_entries(p.num_seqs, parts), m_tiles,
+                                 split=f"a balanced split of {p.num_seqs} sequences into {parts} partitions")
     need = s6.workspace_size(p.num_seqs, p.num_kv_heads, p.group, p.query_length, p.head_dim, parts, schedule)
     if workspace is None:
         return torch.empty(need, dtype=torch.float32, device=p.torch_device)

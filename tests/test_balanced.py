@@ -268,3 +268,31 @@ def test_predict_verb_takes_a_ragged_batch_and_a_schedule(capsys):
         got[sched] = float(out[-1].split()[0].split("=")[1])
         assert any("list-scheduled" in line for line in out)
     assert got["balanced"] < 0.6 * got["uniform"]
+
+
+def test_splits_past_the_kernels_32_bit_partial_offsets_are_refused_by_name():
+    """Both schedules' partial outputs are addressed with 32-bit byte offsets: a split whose
+    partials would reach 2 GiB is refused (one check, ``s5.check_partial_offsets``), and one just
+    below it is not."""
+    import types
+
+    from pa_tile import api
+    from pa_tile.stages import s5_phase_split_mtp as s5
+
+    def prob(num_seqs):
+        return types.SimpleNamespace(num_seqs=num_seqs, num_kv_heads=8, head_dim=128, group=8, query_length=1,
+                                     torch_device=torch.device("meta"), device="meta")
+
+    rows = s5.plan(128, 8, 1)[0]
+    per_slot = 8 * rows * 128 * 4  # bytes of one slot's partial outputs over the KV heads
+    limit = (2**31 - 1) // per_slot  # slots that still fit
+    parts = 64
+    seqs_ok = limit // parts
+    assert s5.partial_shapes(prob(seqs_ok), parts)[2][2] == parts
+    with pytest.raises(ValueError, match=r"num_partitions: 64 partitions of \d+ sequences .*32-bit"):
+        s5.partial_shapes(prob(seqs_ok + 1), parts)
+    # the balanced list has S·(P+1) slots: refused at fewer sequences than the uniform split
+    seqs = next(s for s in range(seqs_ok, 0, -1) if s6.work_entries(s, parts) * per_slot < 2**31)
+    api._workspace(prob(seqs), parts, None, None, "balanced")
+    with pytest.raises(ValueError, match="num_partitions: a balanced split of .* 32-bit"):
+        api._workspace(prob(seqs + 1), parts, None, None, "balanced")

@@ -46,7 +46,8 @@ __all__ = ["paged_decode", "paged_decode_partials", "build_launcher", "launch_ar
            "LIMITS", "K_LAYOUT", "V_LAYOUT", "PHASE_GROUP", "WIDE_ABOVE", "exchange_slots", "LanePages", "query_rows",
            "tile_range", "stage_scales", "phase_b", "store_stats", "merge_weights", "Spec", "stage_query",
            "score_factors", "lane_scales", "k_scaled", "phase_a", "write_rows", "merge_and_write", "WidePages", "wide_v",
-           "wide_scores", "wide_v_max", "wide_v_weight", "wide_pv", "wide_loop", "wide_merge_and_write", "make_kernel"]
+           "wide_scores", "wide_v_max", "wide_v_weight", "wide_pv", "wide_loop", "wide_merge_and_write", "make_kernel",
+           "partial_shapes", "check_partial_offsets"]
 
 #: what the stage-5 kernel supports (upstream's tile kernel takes head_dim 64, 128 and 256 too)
 LIMITS = problem.Limits(stage="s5", head_dims=(64, 128, 256), block_sizes=(16, 64), groups=None, max_group=32,
@@ -764,14 +765,22 @@ def kernel_args(p, first, query, key_cache, value_cache, block_tables, context_l
     )
 
 
+def check_partial_offsets(p, slots, m_tiles=None, *, split=""):
+    """Refuse a split whose partial outputs (``slots`` per KV head, each ``rows x head_dim`` float32)
+    reach past the kernel's 32-bit byte offsets. ``split`` names it in the error."""
+    rows = plan(p.head_dim, p.group, p.query_length, m_tiles)[0]
+    if slots * p.num_kv_heads * rows * p.head_dim * 4 >= 2**31:
+        raise ValueError(f"num_partitions: {split or f'{slots} partial slots'} needs partial outputs beyond the "
+                         "kernel's 32-bit byte offsets; use fewer partitions")
+    return rows
+
+
 def partial_shapes(p, num_partitions, m_tiles=None):
     """Shapes of ``(pmax, psum, pout)`` for a split into ``num_partitions``; a split whose byte offsets
     would not fit the kernel's 32 bits is refused."""
-    rows = plan(p.head_dim, p.group, p.query_length, m_tiles)[0]
+    rows = check_partial_offsets(p, p.num_seqs * num_partitions, m_tiles,
+                                 split=f"{num_partitions} partitions of {p.num_seqs} sequences")
     stats = (p.num_seqs, p.num_kv_heads, num_partitions, rows)
-    if p.num_seqs * p.num_kv_heads * num_partitions * rows * p.head_dim * 4 >= 2**31:
-        raise ValueError(f"num_partitions: {num_partitions} partitions of {p.num_seqs} sequences need partial "
-                         f"outputs beyond the kernel's 32-bit byte offsets; use fewer partitions")
     return stats, stats, stats + (p.head_dim,)
 
 
