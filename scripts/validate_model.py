@@ -13,7 +13,9 @@ and main's ``11c4174d`` (the flydsl 0.5.0 release commit). Nothing from it is co
 repository: each seed version's ``kernels/`` tree is written at run time to a temporary directory
 (``--work``, default a fresh temp dir) and imported from there.
 
-Per seed version (a commit the data file quotes a time for), in a subprocess of its own:
+Per seed version (a commit the data file quotes a time or a step for), in a subprocess of its own
+(built with flydsl 0.5.0, or, where 0.5.0 cannot trace it, with the release of its date,
+``--fallback-flydsl``, default 0.2.2, pip-installed into the work dir):
 
 1. ``git archive <sha> kernels`` into the work dir; flydsl 0.5.0 lacks two modules those July
    2026 kernels import (``flydsl.expr.vector``, removed, and ``flydsl.expr.buffer_ops``, moved to
@@ -22,7 +24,7 @@ Per seed version (a commit the data file quotes a time for), in a subprocess of 
    ``torch.cuda.get_device_properties`` (and, for the early versions, aiter's ``get_cu_num``) are
    faked (``--gpu``'s CU count, 80 for the default mi308x; gfx942): the host code reads them to pick
    the partition count, so each quoted time is compiled with the grid it ran with.
-2. compile only, at every quoted shape: a launch handler records each launch's grid and
+2. compile only, at every quoted shape (points' and steps'): a launch handler records each launch's grid and
    assembly and runs nothing (so the full-size tensors are never touched);
 3. emulate a sample: one sequence, one KV head, contexts 1024 and 2048 (4 and 8 tiles); the
    difference of the two runs gives per-tile and per-workgroup figures (see pa_tile.perf.model).
@@ -33,9 +35,11 @@ Per seed version (a commit the data file quotes a time for), in a subprocess of 
    semantics: timing only, numerics not checked) in its own worker process.
 
 Then the three FITTED constants of ``pa_tile.perf.hw`` are fitted (grid search on the mean
-|log(predicted/measured)|) on every third point (at most a third), and the report gives the
-held-out per-point error, the sign agreement of every quoted before->after step, and Spearman's
-rank correlation, written to ``--out`` (markdown) and ``--json``.
+|log(predicted/measured)|) on every third point of the versions 0.5.0 builds (at most a third of
+all points; the fallback-built versions' points are all held out and reported apart as fresh), and
+the report gives the held-out per-point error, the sign agreement of every quoted before->after
+step, Spearman's rank correlation and the errors by latency regime, written to ``--out``
+(markdown) and ``--json``.
 """
 
 from __future__ import annotations
