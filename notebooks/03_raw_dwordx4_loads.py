@@ -507,8 +507,8 @@ else:
 # No gain predicted at this shape, and the model says why. 16 sequences give 16 workgroups, one
 # per CU, each walking its 64 tiles with one wave per SIMD, so every tile waits for memory.
 # Prefetching the next tile's K hides only as much of that wait as one tile's work lasts, a
-# fraction of the latency here, and the raw loads' address arithmetic makes the loop slightly
-# longer. The prefetch pays once a tile's work is comparable to the latency it hides (more
+# fraction of the latency here, and stage 3's loop issues slightly more instructions per tile
+# than stage 2's. The prefetch pays once a tile's work is comparable to the latency it hides (more
 # waves per SIMD; chapter 6's split shortens the chains instead); the 128-bit loads pay in
 # instructions per byte, and in the addresser once the loads are coalesced (chapter 4).
 
