@@ -1101,7 +1101,7 @@ def _report(s, rows, steps, data) -> str:
         out += [f"- `{k}`: {v}" for k, v in s["failures"].items()]
         out.append("")
     out += ["## What this does and does not show", "",
-            "- The five earliest versions (the tile-API kernel of 2026-06-29/30: fx.gemm, tiled copies) do not trace "
+            "- The six earliest versions (the tile-API kernel of 2026-06-29/30: fx.gemm, tiled copies) do not trace "
             "with flydsl 0.5.0 nor 0.4.2 (a layout-broadcast error), nor with their own commit's Python sources over "
             "0.5.0's native library (an API mismatch); they build with flydsl 0.2.2, the release of their date "
             "('This round'). The validation covers 2026-06-29 (the tile-API kernel) to 2026-07-03 (blocked K/V "
