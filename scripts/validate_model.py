@@ -835,16 +835,15 @@ def _fresh_lines(s) -> list:
 
 
 def _serial(r) -> bool:
-    """Latency-bound with more than 1.5 memory latencies per tile in series: outside the regime
-    the fitted latency was calibrated on (model.SERIAL_LATENCY_LIMIT)."""
+    """Outside the regime the fitted latency was calibrated on (``model.outside_calibration``)."""
     from pa_tile.perf import model
 
-    return r["bound"].startswith("memory latency") and r["exposures"] > model.SERIAL_LATENCY_LIMIT
+    return model.outside_calibration(r["bound"], r["exposures"])
 
 
 def _latency_regime(rows, steps=()) -> dict:
-    """Held-out errors split by whether a point is in the regime the fitted latency was calibrated
-    on: latency-bound with more than 1.5 serial memory latencies per tile, or not."""
+    """Held-out errors (and steps) split by whether a point is in the regime the fitted latency was
+    calibrated on (:func:`_serial`)."""
     fit_exp = [r["exposures"] for r in rows if r["role"] == "fit"]
     out = dict(fit_exposures=[min(fit_exp), max(fit_exp)] if fit_exp else [])
     for name, serial in (("serial", True), ("calibrated", False)):
@@ -907,7 +906,7 @@ def _fresh_section(s, rows, steps) -> list:
     ser, cal = reg["serial"], reg["calibrated"]
     imp = sorted(x for x in (_implied_latency(r, clk) for r in rows if r["role"] == "held-out") if x is not None)
     imp_serial = sorted(x for x in (_implied_latency(r, clk) for r in rows if r["role"] == "held-out"
-                                    and r["exposures"] > 1.5) if x is not None)
+                                    and _serial(r)) if x is not None)
     out += [
         "",
         "Where it misses. 'Serial latencies / tile' is how many memory latencies one wave's walked tile waits "

@@ -1102,19 +1102,30 @@ VALIDATION_JSON = Path(__file__).resolve().parents[1] / "data" / "model_validati
 SERIAL_LATENCY_LIMIT = 1.5
 
 
-def latency_regime() -> Dict:
-    """The validation's held-out errors split by latency regime (``model_validation.json``), or {}."""
+def validation_summary() -> Dict:
+    """The validation report's summary (``model_validation.json``), or {} without one."""
     try:
-        return json.loads(VALIDATION_JSON.read_text())["summary"].get("latency_regime", {})
+        return json.loads(VALIDATION_JSON.read_text())["summary"]
     except (OSError, ValueError, KeyError):
         return {}
+
+
+def latency_regime() -> Dict:
+    """The validation's held-out errors split by latency regime, or {}."""
+    return validation_summary().get("latency_regime", {})
+
+
+def outside_calibration(bound: str, serial_latencies: float) -> bool:
+    """Latency-bound with more than :data:`SERIAL_LATENCY_LIMIT` memory latencies per tile in
+    series: outside the regime the fitted latency was calibrated on."""
+    return bound.startswith("memory latency") and serial_latencies > SERIAL_LATENCY_LIMIT
 
 
 def calibration_note(p: Prediction) -> Optional[str]:
     """A warning when ``p`` is latency-bound outside the calibrated regime, with the validation's
     errors there; None inside it."""
     n = p.details.get("latency_exposures_per_tile", 0.0)
-    if not (p.bound.startswith("memory latency") and n > SERIAL_LATENCY_LIMIT):
+    if not outside_calibration(p.bound, n):
         return None
     reg = latency_regime()
     ser, fit = reg.get("serial", {}), reg.get("fit_exposures") or []

@@ -9,7 +9,6 @@ caution where a prediction lies outside the regime it was calibrated on.
 from __future__ import annotations
 
 import dataclasses
-import json
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from . import model
@@ -64,16 +63,15 @@ def predicted_steps(stage: str, previous: Optional[str] = None,
             p = _predict(stage, shape, hw, arch)
             q = _predict(previous, shape, hw, arch) if previous else None
             flagged = tuple((name, x.details["latency_exposures_per_tile"]) for name, x in ((stage, p), (previous, q))
-                            if x is not None and model.calibration_note(x))
+                            if x is not None and model.outside_calibration(x.bound, x.details["latency_exposures_per_tile"]))
             out.append(Step(label, shape.label, stage, p.predicted_us, previous, q.predicted_us if q else None,
                             p.bound, p.details["latency_exposures_per_tile"], flagged))
     return out
 
 
 def _validation_line() -> str:
-    try:
-        s = json.loads(model.VALIDATION_JSON.read_text())["summary"]
-    except (OSError, ValueError, KeyError):
+    s = model.validation_summary()
+    if not s:
         return "model validation: no report found (scripts/validate_model.py writes it)"
     return (f"model error against {s['points']} quoted MI308X times: held out {s['held_within_15']}/{s['held_out']} "
             f"within 15 % (median {s['held_median_abs_err']:.0%}); never-seen points {s['fresh_within_15']}/"
