@@ -72,6 +72,24 @@ def test_scale_add_elementwise(arch):
     assert "global_load_dwordx4" in mnemonics(prog)
 
 
+@pytest.mark.parametrize("arch", ARCHS)
+def test_trace_counts_every_instruction_by_line(arch):
+    """``Trace(count_lines=True)``: each executed instruction counted at its assembly line, per
+    wave (the timing model's block frequencies); the per-line counts add up to the per-mnemonic ones."""
+    x, y, out = torch.randn(16, 128), torch.randn(16, 128), torch.zeros(16, 128)
+    trace = Trace(arch, count_lines=True)
+    prog = emulate(scale_add, (x, y, out, 1.5), (2, 2, 1), (128, 1, 1), arch, trace=trace)
+    lines = {i.line: i.mnemonic for i in prog.instructions}
+    assert sum(trace.line_counts.values()) == sum(trace.counts.values())
+    per_line = {}
+    for (line, _wave), n in trace.line_counts.items():
+        per_line[line] = per_line.get(line, 0) + n
+    for mn, n in trace.counts.items():
+        assert sum(c for line, c in per_line.items() if lines[line] == mn) == n
+    assert {n for n in per_line.values()} == {8}  # straight-line code: every line once per wave, 8 waves
+    assert Trace(arch).line_counts is None  # off by default: nothing kept per line
+
+
 # --------------------------------------------------------------------------- 128-bit buffer copy
 
 @flyc.kernel

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pa_tile import backend
+from pa_tile import backend, isa
 from pa_tile.perf import hw, model
 from pa_tile.perf.roofline import DecodeShape, time_floor
 
@@ -84,6 +84,24 @@ def test_split_adds_a_reduce_and_a_launch():
     assert "reduce" in four.terms_us and "reduce" not in one.terms_us
     assert four.details["workgroups"] == 4 * one.details["workgroups"]
     assert four.details["tiles_per_workgroup"] == 16  # 64 tiles over 4 partitions
+
+
+def test_the_reduce_is_charged_one_loop_iteration_per_group_of_partitions():
+    """The reduce's loop merges ``items_per_iteration`` partitions (chapter 6's ``REDUCE_GROUP``)
+    an iteration: 16 partitions in groups of 4 cost 4 iterations, as many as 4 partitions one at
+    a time; the seed versions' reduce (the default, 1) one per partition."""
+    s = DecodeShape(batch=1, context=16384, num_q_heads=8, num_kv_heads=1)
+    per_one = _code(loop_cycles=5000.0, workgroups_per_cu=8)
+    per_four = dataclasses.replace(per_one, items_per_iteration=4)
+
+    def reduce_us(code, parts):
+        return model.predict(shape=s, hw=hw.HARDWARE["mi300x"], per_tile=PER_TILE, fixed={}, main=_code(),
+                             waves_per_workgroup=4, partitions=parts, reduce=code).terms_us["reduce"]
+
+    assert per_one.items_per_iteration == 1
+    clk = hw.HARDWARE["mi300x"].clock_hz
+    assert reduce_us(per_one, 16) - reduce_us(per_four, 16) == pytest.approx(12 * 5000.0 / clk * 1e6)
+    assert reduce_us(per_four, 13) == pytest.approx(reduce_us(per_four, 16))  # ceil(13 / 4) = 4
 
 
 def test_waitcnt_walk_hides_latency_behind_work():
@@ -316,6 +334,32 @@ def test_stage_6_is_sampled_unsplit_with_its_reduce_kernel():
     assert smp.reduce_kernel and "pa_reduce" in smp.reduce_kernel and smp.reduce_asm
     assert smp.line_per_tile  # both runs compiled the same (unsplit) kernel
     assert smp.checks_ok
+
+
+def test_every_line_counted_gives_every_block_its_frequency_and_the_last_tile_its_tail():
+    """With every instruction counted by line (``Trace(count_lines=True)``), a block with no memory
+    instruction that never ran in the sample (a last-tile fix-up) is skipped by the steady-state
+    walk, and walked once in the workgroup's fixed part: its wait for memory is charged once, not
+    every tile. Before, such a block counted as run every iteration."""
+    body = ("\tbuffer_load_dwordx4 v[0:3], v4, s[0:3], 0 offen\n\ts_cmp_eq_u32 s4, 7\n\ts_cbranch_scc0 .LBB0_2\n"
+            "\ts_waitcnt vmcnt(0)\n" + "\tv_mul_f32_e32 v5, v5, v0\n" * 20 + ".LBB0_2:\n"
+            "\tv_add_f32_e32 v6, v6, v6\n\ts_waitcnt vmcnt(0)\n\tv_add_f32_e32 v5, v5, v1\n")
+    asm = _asm_kernel(body)
+    lines = asm.splitlines()
+    where = {i: text.strip() for i, text in enumerate(lines, 1)}
+    loop = isa.IsaStats.from_asm(asm).main_loop
+    every = {i: 8.0 for i, t in where.items() if loop.start_line <= i <= loop.end_line and t and not t.endswith(":")}
+    tail = [i for i, t in where.items() if t.startswith("v_mul")]
+    for i in tail + [tail[0] - 1]:  # the fix-up block (its wait and its VALU work) ran on no sampled tile
+        every[i] = 0.0
+    f = model.block_frequencies(asm, loop.start_line, loop.end_line, every)
+    assert all(f[i] == 0.0 for i in tail) and f[tail[-1] + 2] == 1.0
+    h = hw.HARDWARE["mi300x"]
+    counted = model.kernel_code(asm, hw=h, line_counts=every)
+    walked = model.kernel_code(asm, hw=h)  # no counts: every block every iteration
+    assert walked.loop.valu == 22 and counted.loop.valu == 2
+    assert counted.loop.vm_stalled_waits == 1 and counted.fixed.valu == walked.fixed.valu + 20
+    assert counted.fixed.cycles > walked.fixed.cycles
 
 
 def _asm_kernel(body: str) -> str:

@@ -21,7 +21,7 @@ def test_steps_pair_each_stage_with_the_previous_on_every_gpu_and_shape(monkeypa
     assert all(s.speedup == pytest.approx(2.0) for s in steps)
     text = speedup.format_steps(steps)
     assert text.startswith("PREDICTED") and "s3 vs s2" in text and "2.00x" in text
-    assert "held out" in text and "never-seen points" in text  # the validation error beside it
+    assert "held out" in text and "the earliest versions'" in text  # the validation error beside it
 
 
 def test_a_prediction_outside_the_calibration_carries_its_caution(monkeypatch):

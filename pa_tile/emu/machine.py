@@ -215,7 +215,7 @@ def _init_wave_sgprs(w: Wave, k: Kernel, kernarg_addr: int, wg: Tuple[int, int, 
         n += 1
 
 
-def _run_wave(w: Wave, code: List, mnemonics: Optional[List[str]]) -> int:
+def _run_wave(w: Wave, code: List, mnemonics: Optional[List[str]], lines: Optional[List[int]] = None) -> int:
     """Run one wave until s_barrier or s_endpgm; returns BARRIER or END."""
     pc = w.pc
     back = 0
@@ -238,7 +238,7 @@ def _run_wave(w: Wave, code: List, mnemonics: Optional[List[str]]) -> int:
             count = w.trace.count
             uid = w.uid
             while True:
-                count(mnemonics[pc], uid)
+                count(mnemonics[pc], uid, lines[pc])
                 r = code[pc](w)
                 if r is None:
                     pc += 1
@@ -256,13 +256,14 @@ def _run_wave(w: Wave, code: List, mnemonics: Optional[List[str]]) -> int:
         raise
 
 
-def _run_quantum(w: Wave, code: List, mnemonics: Optional[List[str]], n: int) -> Optional[int]:
+def _run_quantum(w: Wave, code: List, mnemonics: Optional[List[str]], n: int,
+                 lines: Optional[List[int]] = None) -> Optional[int]:
     """Run at most n instructions of one wave; BARRIER/END if it got there, else None."""
     pc = w.pc
     try:
         for _ in range(n):
             if mnemonics is not None:
-                w.trace.count(mnemonics[pc], w.uid)
+                w.trace.count(mnemonics[pc], w.uid, lines[pc])
             r = code[pc](w)
             if r is None:
                 pc += 1
@@ -278,7 +279,8 @@ def _run_quantum(w: Wave, code: List, mnemonics: Optional[List[str]], n: int) ->
         raise
 
 
-def _run_workgroup(waves: List[Wave], code: List, mnemonics, races, quantum: Optional[int], describe) -> None:
+def _run_workgroup(waves: List[Wave], code: List, mnemonics, races, quantum: Optional[int], describe,
+                   lines=None) -> None:
     """Waves take turns; a wave that reaches s_barrier waits until every live wave has."""
     live = list(waves)
     waiting = set()
@@ -287,7 +289,8 @@ def _run_workgroup(waves: List[Wave], code: List, mnemonics, races, quantum: Opt
             if w.wave_id in waiting:
                 continue
             try:
-                r = _run_wave(w, code, mnemonics) if quantum is None else _run_quantum(w, code, mnemonics, quantum)
+                r = (_run_wave(w, code, mnemonics, lines) if quantum is None
+                     else _run_quantum(w, code, mnemonics, quantum, lines))
             except Exception as e:
                 if not 0 <= w.pc < len(code) or code[w.pc] is None:
                     raise EmulationError(f"{w.where()}: execution left the kernel (instruction index {w.pc})") from e
@@ -419,6 +422,8 @@ def run_kernel(
     tz = tid // (block3[0] * block3[1])
     packed_ids = (tx | (ty << 10) | (tz << 20)).astype(np.uint32).reshape(nwaves, LANES)
     mnemonics = [ins.mnemonic for ins in program.instructions] if trace is not None else None
+    # the source line of each instruction, for a trace that counts executions by line
+    lines = [ins.line for ins in program.instructions] if trace is not None else None
 
     if quantum is not None and (not isinstance(quantum, int) or quantum < 1):
         raise ValueError(f"quantum must be None or a positive int, got {quantum!r}")
@@ -466,7 +471,7 @@ def run_kernel(
                     w.v[0] = packed_ids[wi]
                     w.exec = (1 << n_live) - 1
                     _init_wave_sgprs(w, kernel, ka_addr, wg)
-                _run_workgroup(waves, code, mnemonics, races, quantum, describe)
+                _run_workgroup(waves, code, mnemonics, races, quantum, describe, lines)
                 if races is not None and races.races:
                     _warn_races(races.races)
                 if bar is not None:

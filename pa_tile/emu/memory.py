@@ -823,10 +823,12 @@ class Trace:
     notebook between launches) and ask for ``summary(*trace.window("tile", i))``.
     :meth:`stop`/:meth:`start` pause recording; ``waves`` restricts recording to some wave ids
     (only when the core passes ``wave=``). ``keep_stream=True`` also stores the mnemonic of every
-    instruction so counts over arbitrary windows are available.
+    instruction so counts over arbitrary windows are available. ``count_lines=True`` also counts
+    executions of every instruction by its assembly line and wave (:attr:`line_counts`,
+    ``(line, wave) -> n``): which basic blocks ran, and how often.
     """
 
-    def __init__(self, arch: str = "gfx942", *, waves=None, keep_stream: bool = False):
+    def __init__(self, arch: str = "gfx942", *, waves=None, keep_stream: bool = False, count_lines: bool = False):
         if arch not in LDS_BANKS:
             raise ValueError(f"unknown arch {arch!r}")
         self.arch = arch
@@ -840,17 +842,21 @@ class Trace:
         self.global_records: list[tuple] = []
         self.lds_records: list[tuple] = []
         self.scalar_records: list[tuple] = []
+        self.line_counts: dict[tuple, int] | None = {} if count_lines else None
 
     def _on(self, wave) -> bool:
         return self.recording and (self.waves is None or wave is None or wave in self.waves)
 
     # -- recording -------------------------------------------------------------------------
 
-    def count(self, mnemonic: str, wave=None) -> None:
+    def count(self, mnemonic: str, wave=None, line=None) -> None:
         self.seq += 1
         if self.recording and (self.waves is None or wave is None or wave in self.waves):
             c = self.counts
             c[mnemonic] = c.get(mnemonic, 0) + 1
+            if self.line_counts is not None and line is not None:
+                lc = self.line_counts
+                lc[(line, wave)] = lc.get((line, wave), 0) + 1
             if self.stream is not None:
                 self.stream.append(mnemonic)
                 self.stream_seq.append(self.seq)

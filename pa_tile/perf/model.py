@@ -283,21 +283,25 @@ def _kernel_lines(text: str, kernel: str) -> List[Tuple[int, str, str]]:
 
 
 def line_executions(trace) -> Dict[int, int]:
-    """Executions of each memory instruction by assembly line (``text.splitlines()``, 1-based), from
-    an emulator trace, for the wave that ran it most often (a ``ds_read2`` records two addresses,
-    counted once). The busiest wave is the one the workgroup waits for at its barriers, so a block
-    only one wave runs (``s_and_saveexec`` + ``s_cbranch_execz``) counts as run. The loop's
-    branch structure is read off these: a block whose loads never ran in the sample did not run
-    (:func:`block_frequencies`)."""
-    seen = set()
+    """Executions of each instruction by assembly line (``text.splitlines()``, 1-based), from an
+    emulator trace, for the wave that ran it most often: every instruction where the trace counted
+    them by line (``Trace(count_lines=True)``, as :func:`line_trace` does), else the memory
+    instructions' records (a ``ds_read2`` records two addresses, counted once). The busiest wave is
+    the one the workgroup waits for at its barriers, so a block only one wave runs
+    (``s_and_saveexec`` + ``s_cbranch_execz``) counts as run. The loop's branch structure is read
+    off these (:func:`block_frequencies`)."""
     per: Dict[Tuple[int, object], int] = {}
-    for recs in (trace.global_records, trace.scalar_records, trace.lds_records):
-        for r in recs:
-            seq, wave, line = r[0], r[1], r[3]
-            if line is None or (seq, wave, line) in seen:
-                continue
-            seen.add((seq, wave, line))
-            per[(int(line), wave)] = per.get((int(line), wave), 0) + 1
+    if getattr(trace, "line_counts", None):
+        per = {(int(line), wave): n for (line, wave), n in trace.line_counts.items()}
+    else:
+        seen = set()
+        for recs in (trace.global_records, trace.scalar_records, trace.lds_records):
+            for r in recs:
+                seq, wave, line = r[0], r[1], r[3]
+                if line is None or (seq, wave, line) in seen:
+                    continue
+                seen.add((seq, wave, line))
+                per[(int(line), wave)] = per.get((int(line), wave), 0) + 1
     out: Dict[int, int] = {}
     for (line, _), c in per.items():
         out[line] = max(out.get(line, 0), c)
@@ -339,11 +343,12 @@ _BRANCH = re.compile(r"^s_(c?branch|setpc|cbranch_\w+)")
 
 def block_frequencies(text: str, start: int, end: int, line_counts: Dict) -> Dict[int, float]:
     """Per instruction line of the loop body [start, end]: the fraction of iterations that run it,
-    from the sampled executions of the memory instructions (``line_counts``: line -> executions,
-    any common scale). The body is cut into basic blocks at labels and after branches; a block with
-    memory instructions runs as often as its most executed one, relative to the body's most
-    executed memory line (which runs every iteration); a block without memory instructions counts
-    as always run (the trace cannot tell). Empty ``line_counts``: every line 1 (walk everything)."""
+    from sampled executions (``line_counts``: line -> executions, any common scale; every
+    instruction's, or only the memory instructions' from an older trace). The body is cut into
+    basic blocks at labels and after branches; a block runs as often as its most executed counted
+    line, relative to the body's most executed line (which runs every iteration); a block with no
+    counted line counts as always run (the trace cannot tell). Empty ``line_counts``: every line 1
+    (walk everything)."""
     counts = {int(k): float(v) for k, v in (line_counts or {}).items()}
     raw = text.splitlines()
     blocks: List[List[int]] = [[]]
@@ -358,11 +363,14 @@ def block_frequencies(text: str, start: int, end: int, line_counts: Dict) -> Dic
         blocks[-1].append(n)
         if _BRANCH.match(line.split(None, 1)[0].lower()):
             blocks.append([])
+    # the lines a count can exist for: every instruction when the trace counted them all (a line
+    # with none then did not run), else only the memory instructions the trace records
+    all_lines = any(n in counts and not _is_memory(raw[n - 1]) for n in range(start, end + 1))
     mem = {}
     for n in range(start, end + 1):
         line = raw[n - 1].split(";", 1)[0].strip()
         mn = line.split(None, 1)[0].lower() if line and not line.endswith(":") and not line.startswith(".") else ""
-        if mn and _family(mn) in ("global", "buffer", "smem", "ds") and not mn.startswith(_UNRECORDED):
+        if mn and (all_lines or _is_memory(line)):
             mem[n] = counts.get(n, 0.0)
     ref = max(mem.values(), default=0.0)
     freq: Dict[int, float] = {}
@@ -372,6 +380,15 @@ def block_frequencies(text: str, start: int, end: int, line_counts: Dict) -> Dic
         for n in b:
             freq[n] = f
     return freq
+
+
+def _is_memory(line: str) -> bool:
+    """Whether an assembly line is a memory instruction the trace records an access for."""
+    line = line.split(";", 1)[0].strip()
+    if not line or line.endswith(":") or line.startswith("."):
+        return False
+    mn = line.split(None, 1)[0].lower()
+    return _family(mn) in ("global", "buffer", "smem", "ds") and not mn.startswith(_UNRECORDED)
 
 
 def wave_profile(instrs: Sequence[Tuple[str, str]], hw, *, repeat: int = 1,
@@ -405,6 +422,9 @@ class KernelCode:
     #: the same walk re-run at loaded latencies: (latency cycles, loop cycles, fixed cycles),
     #: increasing latency; ``predict`` interpolates it (:data:`LATENCY_FACTORS`)
     latency_curve: Tuple[Tuple[float, float, float], ...] = ()
+    #: work items one loop iteration takes: the reduce's partitions per iteration (chapter 6's
+    #: ``REDUCE_GROUP``; 1 for the seed versions' reduce, one partition per iteration)
+    items_per_iteration: int = 1
 
     def to_dict(self) -> Dict:
         d = dataclasses.asdict(self)
@@ -440,17 +460,19 @@ def _average(profs: Sequence[WaveProfile]) -> WaveProfile:
 
 
 def kernel_code(asm_text: str, kernel: Optional[str] = None, *, hw="mi300x", cached: bool = False,
-                vmem_segments: float = 16.0, line_counts: Optional[Dict] = None) -> KernelCode:
+                vmem_segments: float = 16.0, line_counts: Optional[Dict] = None,
+                items_per_iteration: int = 1) -> KernelCode:
     """Occupancy and the walked main loop / fixed part of one kernel in ``asm_text``.
 
     ``cached``: its global loads hit in L2 / Infinity Cache (``cache_latency_cycles``), as the
     reduce kernel's re-reads of partials just written do. ``vmem_segments``: 64-byte segments an
     average vector load touches (the emulator's coalescing figure; 16 = a perfectly coalesced
-    dwordx4 of 64 lanes). ``line_counts``: sampled executions of the memory instructions by line
-    (:func:`line_executions`): the loop's blocks run as often as the sample ran them
-    (:func:`block_frequencies`; a block run in a fraction f of iterations is walked in
-    round(k f) of k iterations, averaged over :data:`AVERAGE_ITERATIONS` after two warm-up
-    iterations); without them every block is walked every iteration."""
+    dwordx4 of 64 lanes). ``line_counts``: sampled executions by line (:func:`line_executions`):
+    the loop's blocks run as often as the sample ran them (:func:`block_frequencies`; a block run
+    in a fraction f of iterations is walked in round(k f) of k iterations, averaged over
+    :data:`AVERAGE_ITERATIONS` after two warm-up iterations), and a workgroup's last tile walks
+    the blocks that ran less than every iteration once more, in the fixed part; without them
+    every block is walked every iteration."""
     from .. import isa
 
     hwc = _hw.hardware(hw)
@@ -479,8 +501,15 @@ def kernel_code(asm_text: str, kernel: Optional[str] = None, *, hw="mi300x", cac
             p = _walk(w, run)
             if k >= 2:
                 profs.append(p)
+        loop_prof = _average(profs)
+        # a workgroup's last tile runs the blocks the steady state skips (masking and zeroing past
+        # the context): one more iteration with every block, its excess over a steady one fixed
+        p_last = _walk(w, [(m, o) for _, m, o in body]) if any(f < 1.0 for f in freq.values()) else None
         p_post = _walk(w, post)
-        return _average(profs), _merge(p_pre, p_post)
+        fixed = _merge(p_pre, p_post)
+        if p_last is not None:
+            fixed = _merge(fixed, _excess(p_last, loop_prof))
+        return loop_prof, fixed
 
     loop_prof, fixed = walk_at(hwc)
     curve = []
@@ -489,7 +518,8 @@ def kernel_code(asm_text: str, kernel: Optional[str] = None, *, hw="mi300x", cac
         curve.append((hwc.mem_latency_cycles * f, lo_.cycles if lo_ is not None else 0.0, fx_.cycles))
     nloop = sum(1 for n, _, _ in lines if lp is not None and lp.start_line <= n <= lp.end_line)
     return KernelCode(name, hwc.arch, stats.vgpr_unified, stats.lds_bytes, occ.waves_per_workgroup,
-                      occ.workgroups_per_cu, tuple(occ.bound_by), nloop, loop_prof, fixed, tuple(curve))
+                      occ.workgroups_per_cu, tuple(occ.bound_by), nloop, loop_prof, fixed, tuple(curve),
+                      items_per_iteration)
 
 
 #: loaded latencies (multiples of the unloaded ``mem_latency_cycles``) the walk is re-run at;
@@ -508,6 +538,15 @@ def _interp(curve, lat: float, col: int) -> float:
             x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
             return y0 + (y1 - y0) * (lat - x0) / (x1 - x0)
     return ys[-1]
+
+
+def _excess(a: WaveProfile, b: WaveProfile) -> WaveProfile:
+    """What profile ``a`` has beyond ``b``, field by field (never negative)."""
+    out = WaveProfile()
+    for f in dataclasses.fields(WaveProfile):
+        if f.name != "max_vm_bytes_in_flight":
+            setattr(out, f.name, max(0, getattr(a, f.name) - getattr(b, f.name)))
+    return out
 
 
 def _merge(a: WaveProfile, b: WaveProfile) -> WaveProfile:
@@ -539,8 +578,10 @@ class Sample:
     main_asm: str = dataclasses.field(repr=False, default="")
     reduce_asm: str = dataclasses.field(repr=False, default="")
     reduce_kernel: Optional[str] = None
+    #: partitions the reduce merges per loop iteration (the stage's ``REDUCE_GROUP``)
+    reduce_group: int = 1
     checks_ok: bool = True
-    #: executions of each memory instruction of ``main_asm`` per tile, by line (the busiest wave's)
+    #: executions of each instruction of ``main_asm`` per tile, by line (the busiest wave's)
     line_per_tile: Dict[int, float] = dataclasses.field(default_factory=dict)
 
     def to_dict(self) -> Dict:
@@ -598,7 +639,7 @@ def line_trace(arch: str):
 
     class LineTrace(Trace):
         def __init__(self, arch):
-            super().__init__(arch)
+            super().__init__(arch, count_lines=True)
             self.lines = 0
             self.ta_cycles = 0
             self.vector_accesses = 0
@@ -721,7 +762,7 @@ def sample_stage(stage: str, shape: DecodeShape, arch: str = "gfx942", *, contex
         for k in b[part]:
             per_tile[f"{part}_{k}"] = (b[part][k] - a[part][k]) / tiles / wgs
             fixed[f"{part}_{k}"] = max(0.0, a[part][k] / wgs - per_tile[f"{part}_{k}"] * (lo // TILE))
-    # executions of each memory instruction by line, per tile (the loop's branch frequencies)
+    # executions of each instruction by line, per tile (the loop's branch frequencies)
     line_per_tile = {n: (b["lines"].get(n, 0) - a["lines"].get(n, 0)) / tiles
                      for n in set(a["lines"]) | set(b["lines"])} if a["launches"][0][2] == main_asm else {}
     # the reduce kernel: compile a split launch (nothing heavy runs: one short emulated call)
@@ -742,7 +783,8 @@ def sample_stage(stage: str, shape: DecodeShape, arch: str = "gfx942", *, contex
                               query_length=shape.query_length, scales=shape.scales),
                   contexts=(lo, hi), m_groups=m_groups, waves_per_workgroup=wpw, per_tile=per_tile, fixed=fixed,
                   main_asm=main_asm, reduce_asm=reduce_asm, reduce_kernel=reduce_kernel,
-                  checks_ok=bool(a["ok"] and b["ok"]), line_per_tile=line_per_tile)
+                  reduce_group=getattr(ad.module, "REDUCE_GROUP", 1), checks_ok=bool(a["ok"] and b["ok"]),
+                  line_per_tile=line_per_tile)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -888,12 +930,18 @@ def predict(*, shape: DecodeShape, hw, per_tile: Dict[str, float], fixed: Dict[s
     lp = main.loop
     if lp is not None and lp.instructions:
         trans_frac = lp.trans / max(1, lp.valu)
+        # the sample ran dyn_wave instructions a tile where the walk ran lp.instructions (blocks
+        # without a sampled count, from a trace that counted only memory instructions, ran less
+        # often; with every line counted the two agree to a few percent). The difference's issue
+        # time goes; the walk's waits for memory stay: a skipped block of VALU work makes no load
+        # return sooner (model_validation.md, 'This round')
         scale = dyn_wave / lp.instructions if dyn_wave else 1.0
-        L_tile = lp.cycles * scale
-        L_vm = lp.vm_stall * scale
+        skipped = (1.0 - scale) * lp.issue_cycles
+        L_tile = lp.cycles - skipped
+        L_vm = lp.vm_stall
         inflight = lp.max_vm_bytes_in_flight
     else:
-        trans_frac, L_tile, L_vm, inflight = 0.0, 0.0, 0.0, 0
+        trans_frac, L_tile, L_vm, inflight, skipped = 0.0, 0.0, 0.0, 0, 0.0
     iv = hwc.issue_interval
     valu_busy = fam["valu"] * (hwc.valu_cycles + trans_frac * (hwc.trans_cycles - hwc.valu_cycles))
     simd = dict(
@@ -927,7 +975,7 @@ def predict(*, shape: DecodeShape, hw, per_tile: Dict[str, float], fixed: Dict[s
     # M/M/1 form: ASSUMED, no constant of its own); every s_waitcnt that stalled in the walk
     # stalls that much longer. u is the fixed point (bisection: the implied u falls as u rises).
     lat0 = hwc.mem_latency_cycles
-    k_loop = (lp.vm_stalled_waits * scale) if (lp is not None and lp.instructions) else 0.0
+    k_loop = lp.vm_stalled_waits if (lp is not None and lp.instructions) else 0.0
     k_fixed = main.fixed.vm_stalled_waits
     F0 = main.fixed.cycles
 
@@ -938,7 +986,8 @@ def predict(*, shape: DecodeShape, hw, per_tile: Dict[str, float], fixed: Dict[s
         extra = lat0 * u / (1.0 - u)
         if curve:
             lat = lat0 + extra
-            return _interp(curve, lat, 1) * scale if lp is not None and lp.instructions else 0.0, _interp(curve, lat, 2)
+            loop_cycles = _interp(curve, lat, 1) - skipped if lp is not None and lp.instructions else 0.0
+            return loop_cycles, _interp(curve, lat, 2)
         return L_tile + extra * k_loop, F0 + extra * k_fixed
 
     # the busiest CU's generations: full ones of r_max resident workgroups, then the tail wave
@@ -1000,7 +1049,7 @@ def predict(*, shape: DecodeShape, hw, per_tile: Dict[str, float], fixed: Dict[s
         r_wgs = shape.batch * shape.num_kv_heads * m_groups
         if reduce is not None:
             rl = reduce.loop.cycles if reduce.loop is not None else 0.0
-            r_cycles = reduce.fixed.cycles + max(grid.reduce_loops) * rl
+            r_cycles = reduce.fixed.cycles + -(-max(grid.reduce_loops) // reduce.items_per_iteration) * rl
             r_gen = -(-_grid_per_cu(r_wgs, hwc) // max(1, reduce.workgroups_per_cu))
             r_cu = r_gen * r_cycles / clk
         else:
@@ -1031,7 +1080,8 @@ def predict(*, shape: DecodeShape, hw, per_tile: Dict[str, float], fixed: Dict[s
         demands=dict(issue=simd_busy, lds=lds_cu, vmem_addresser=ta_cu), contention=CU_CONTENTION,
         fixed_cycles=F, hbm_utilisation=u, loaded_latency_cycles=lat0 / (1.0 - u), hbm_bytes=hbm_bytes, partial_bytes=partial_bytes, l2_extra_bytes=extra_l2,
         vm_bytes_in_flight_per_wave=inflight, effective_bw=bw, hardware=hwc.to_dict(), clamped=clamped,
-        latency_exposures_per_tile=main.latency_exposures * (scale if lp is not None and lp.instructions else 0.0),
+        latency_exposures_per_tile=main.latency_exposures if lp is not None and lp.instructions else 0.0,
+        walk_scale=scale if lp is not None and lp.instructions else 0.0, skipped_issue_cycles=skipped,
     )
     return Prediction(hwc.name, shape.to_dict(), pred_us, floor, bound, terms, details)
 
@@ -1050,7 +1100,7 @@ def predict_stage(stage: str, shape: DecodeShape, gpu: str = "mi300x", *, sample
         sample = sample_stage(stage, shape, arch)
     main = kernel_code(sample.main_asm, hw=hwc, vmem_segments=vmem_segments(sample.per_tile),
                        line_counts=sample.line_per_tile or None)
-    reduce = kernel_code(sample.reduce_asm, sample.reduce_kernel, hw=hwc, cached=True) if sample.reduce_asm else None
+    reduce = reduce_code(sample, hwc)
     if partitions is None:
         partitions = _stage_partitions(stage, shape, arch, hwc.compute_units)
     from .. import stages
@@ -1063,6 +1113,15 @@ def predict_stage(stage: str, shape: DecodeShape, gpu: str = "mi300x", *, sample
                    grid=grid_of(shape, partitions, schedule))
     pred.details.update(stage=sample.stage, sample=sample.to_dict(), main_kernel=main.to_dict())
     return pred
+
+
+def reduce_code(sample: Sample, hw) -> Optional[KernelCode]:
+    """The walked reduce kernel of a sample (None: the stage has no split). Its loads re-read
+    partials just written, so they hit in L2 / Infinity Cache (``kernel_code``'s ``cached``)."""
+    if not sample.reduce_asm:
+        return None
+    return kernel_code(sample.reduce_asm, sample.reduce_kernel, hw=hw, cached=True,
+                       items_per_iteration=sample.reduce_group)
 
 
 def vmem_segments(per_tile: Dict[str, float]) -> float:

@@ -74,7 +74,7 @@ def _validation_line() -> str:
     if not s:
         return "model validation: no report found (scripts/validate_model.py writes it)"
     return (f"model error against {s['points']} quoted MI308X times: held out {s['held_within_15']}/{s['held_out']} "
-            f"within 15 % (median {s['held_median_abs_err']:.0%}); never-seen points {s['fresh_within_15']}/"
+            f"within 15 % (median {s['held_median_abs_err']:.0%}); the earliest versions' {s['fresh_within_15']}/"
             f"{s['fresh_points']}; target {s['verdict']} (pa_tile/data/model_validation.md)")
 
 
