@@ -111,7 +111,7 @@ __all__ = ["paged_decode", "paged_decode_partials", "build_launcher", "launch_ar
            "tile_range", "stage_scales", "phase_b", "store_stats", "merge_weights", "Spec", "stage_query",
            "score_factors", "lane_scales", "k_scaled", "phase_a", "write_rows", "merge_and_write", "WidePages", "wide_v",
            "wide_scores", "wide_v_max", "wide_v_weight", "wide_pv", "wide_loop", "wide_merge_and_write", "make_kernel",
-           "partial_shapes", "check_partial_offsets"]
+           "partial_shapes", "check_partial_offsets", "v_with_k"]
 
 #: what the stage-5 kernel supports (upstream's tile kernel takes head_dim 64, 128 and 256 too)
 LIMITS = problem.Limits(stage="s5", head_dims=(64, 128, 256), block_sizes=(16, 64), groups=None, max_group=32,
@@ -538,6 +538,7 @@ class Spec:
         self.NCH = head_dim // 16  # 16-channel d-chunks of the output
         self.CPW = self.NCH // WAVES  # d-chunks each wave owns after the merge
         self.WIDE = self.MT > WIDE_ABOVE  # P·V split by head_dim, P through LDS (its section)
+        self.V_WITH_K = self.WIDE and v_with_k(head_dim, block_size, per_token)
         self.MB = PHASE_GROUP[head_dim]  # M-tiles per phase group of the head_dim split
         self.XS, self.SHARED_BYTES = exchange_slots(head_dim, self.MT)
         if self.WIDE:  # no exchange after the loop: the shared region holds only the staged query
@@ -779,6 +780,15 @@ PHASE_GROUP = {64: 1, 128: 4, 256: 4}
 WIDE_ABOVE = 0
 
 
+def v_with_k(head_dim, block_size, per_token):
+    """Whether the head_dim split's loop issues a tile's V right after its K, so the two loads'
+    latencies run side by side and a tile waits for memory once, or after the scores, in the
+    registers K frees, waiting twice ("When to load V"). With K wherever the extra live V words
+    keep the kernel within upstream's register and occupancy figures: all but head_dim 256 and
+    per-token scales on 64-token pages (``tests/test_stage5.py`` checks every configuration)."""
+    return head_dim <= 128 and not (per_token and block_size == 64)
+
+
 class WidePages(LanePages):
     """``LanePages`` for the head_dim split: the wave's own span's K (and per-token scales) as
     before, and the V bytes of its ``CPW`` d-chunks in all four spans, lane ``(col, grp)`` loading
@@ -943,6 +953,8 @@ def wide_loop(c, k, wp, t_start, t_end):
             own = wp.own(v_ids)
             k_sc1, v_sc1 = wp.scale(k.ks_rs, own), wp.scale(k.vs_rs, own)  # the oldest loads
         k_words = wp.k(st[0])
+        if const_expr(c.V_WITH_K):
+            v_all = wide_v(c, wp, v_ids, t, k.ctx, k.grp)  # V in flight with K: one wait a tile, not two
         k_next, v_next = wp.page_id(t + 1, wp.k_j), wp.v_page_ids(t + 1)
         fx.rocdl.sched_barrier(0)
         tok = t * TILE + k.wave * SPAN + k.grp * 16  # the lane's first token
@@ -955,7 +967,7 @@ def wide_loop(c, k, wp, t_start, t_end):
             ms = list(range(g0, min(g0 + c.MB, MT)))
             s_all = wide_scores(c, ms, t, tok, k.ctx, k_words, k.shared, k.stats, k.lane, k.col, k.wave, k.c_qk,
                                 k.hi1, pt_a)
-            if const_expr(g0 == 0):
+            if const_expr(g0 == 0 and not c.V_WITH_K):
                 fx.rocdl.sched_barrier(0)
                 v_all = wide_v(c, wp, v_ids, t, k.ctx, k.grp)  # V after the first group's scores
             gpu.barrier()  # every wave's row maxes (and V-scale max) are in the tables
@@ -1455,8 +1467,66 @@ assert all(r["meets"] == "yes" and r["spill"] == 0 for r in up_rows)
 # history: staging the query in LDS later took Q's 8 registers out of the loop too, and the
 # live table above is the current kernel.) The price is
 # latency: V's loads are no longer hidden behind phase A, and the scales take an LDS round trip.
-# Whether 4 waves per SIMD hide that is a question for the GPU benchmarks of chapter 7.
+# The next section puts a number on that price and takes most of it back.
 #
+# ## When to load V
+#
+# The head_dim split's loop inherited the order above: K at the top of the iteration, V after the
+# score MFMAs. A tile then waits for memory twice in series, for K before the scores and for V
+# before P·V, and at decode batch sizes nothing covers either wait: 16 sequences of one KV head are
+# 16 workgroups (split, a few hundred of 4 tiles each), about one per CU, one wave per SIMD. Issued
+# right after K, V's latency runs alongside K's and a tile waits once. It costs V's words in
+# registers through the scores, but the split's P·V holds only a quarter of the output, so that
+# fits upstream's register and occupancy figures everywhere except head_dim 256 and per-token
+# scales on 64-token pages (`v_with_k`; the live table of the previous section is this kernel).
+#
+# Both orders, compiled and emulated, walked by the timing model of chapter 7 (its walker replays
+# each wave's instructions with the published latencies; which blocks a tile runs comes from the
+# emulator's count of every line): registers, waves per SIMD, memory latencies one tile waits out
+# in series, and the predicted time of this stage and of chapter 6's finished kernel at the shape
+# every chapter ends with (MI300X; a model, not a measurement).
+
+# %% tags=["nbval-ignore-output"]
+import contextlib  # noqa: E402
+
+from pa_tile.perf import model, speedup  # noqa: E402
+from pa_tile.stages import s5_phase_split_mtp as s5_package  # noqa: E402
+
+
+@contextlib.contextmanager
+def v_after_scores():
+    """The package's stage 5 (and chapter 6's kernel, built on it) with V issued after the scores."""
+    keep = s5_package.v_with_k
+    s5_package.v_with_k = lambda *a: False
+    s5_package.build_launcher.cache_clear()
+    try:
+        yield
+    finally:
+        s5_package.v_with_k = keep
+        s5_package.build_launcher.cache_clear()
+
+
+order_rows = []
+for name, order in (("after the scores", v_after_scores), ("with K (default)", contextlib.nullcontext)):
+    with order():
+        smp = model.sample_stage("s5", speedup.HEADLINE, "gfx942")
+        code = model.kernel_code(smp.main_asm, hw="mi300x", line_counts=smp.line_per_tile)
+        row = dict(V=name, vgpr=code.vgpr_unified, waves_per_simd=code.workgroups_per_cu,
+                   latencies_per_tile=f"{code.latency_exposures:.2f}")
+        for stage in ("s5", "s6"):
+            row[f"{stage}_predicted_us"] = f"{model.predict_stage(stage, speedup.HEADLINE, 'mi300x').predicted_us:.0f}"
+    order_rows.append(row)
+print(format_table(order_rows))
+
+# %% [markdown]
+# One latency a tile instead of two, for ten more registers at this configuration and no lost
+# wave. The model predicts the same order faster or equal at every batch it was asked about
+# (batch 4 to 1024, per-tensor and per-token scales: the gain fades where HBM bandwidth, not
+# latency, bounds the launch), including the per-token configurations where it costs a wave per
+# SIMD (4 to 3, still upstream's figure), so `v_with_k` takes it wherever it fits. Head_dim 256
+# keeps V after the scores: its 64 V words with K would drop a wave below upstream's figure.
+
+# %% [markdown]
 # ## head_dim 256
 #
 # Upstream's tile kernel compiles head_dim 256 too (its figures are in the table above); nothing in
@@ -1592,13 +1662,14 @@ else:
 # %% [markdown]
 # ## Predicted time against stage 4 (a model, not a measurement)
 #
-# Slower, predicted, at this shape: stage 5's loop loads each tile's K at the top of its
-# iteration, where stages 3 and 4 carried the next tile's K in registers (chapter 3's prefetch),
-# so its walk waits out a whole memory latency per tile instead of about 0.7 of one. Where HBM
-# bandwidth bounds the launch the two tie. What the phase split buys is not in this shape:
-# stage 4 cannot run multi-token decode or groups beyond 16 at all, and this chapter's M-tiles
-# read K and V once however many query rows share them (the traffic figure above). Putting the K
-# prefetch back inside the phase split is the next step the model points at (untried here).
+# Even, predicted, at this shape: both loops wait out one memory latency per tile, stage 4 by
+# carrying the next tile's K in registers (chapter 3's prefetch), stage 5 by issuing V with K
+# ("When to load V"; issued after the scores, as this chapter first had it, the stage was
+# predicted 1.7x slower than stage 4 here). What stage 5's tile adds, the head_dim split's two
+# barriers and LDS exchange and four spans' page ids, is short against a latency. What the phase
+# split buys is not in this shape: stage 4 cannot run multi-token decode or groups beyond 16 at
+# all, and this chapter's M-tiles read K and V once however many query rows share them (the
+# traffic figure above).
 
 # %% tags=["nbval-ignore-output"]
 from pa_tile.perf import speedup  # noqa: E402

@@ -108,7 +108,7 @@ import torch
 
 import flydsl.compiler as flyc
 import flydsl.expr as fx
-from flydsl.expr import gpu
+from flydsl.expr import gpu, range_constexpr
 
 from pa_tile import arch as _arch
 from pa_tile.kernel_lib import (LOG2E, TILE, buffer_load, buffer_store, device_code, exp2, fmax, imin, rcp, rsrc,
@@ -133,6 +133,12 @@ MIN_TILES_PER_PARTITION = 2
 #: K and V bytes the call must read (see ``choose_num_partitions``)
 PARTIAL_BYTES_BUDGET = 0.03
 REDUCE_THREADS = 256
+#: partitions the reduce loads together, waiting for memory once per group (its section)
+REDUCE_GROUP = 4
+#: the byte offset 2^31 (as a signed 32-bit value; the hardware reads offsets unsigned), past every
+#: partial buffer (``s5.check_partial_offsets`` keeps them below 2^31): a buffer load there returns
+#: 0 and fetches nothing
+PAST_PARTIALS = -(2**31)
 
 
 def combine_torch(pmax, psum, pout, query_length, group):
@@ -164,11 +170,21 @@ print("all empty:", combine_torch(torch.full_like(pmax, -6.9e29), torch.zeros_li
 # the block ids, so no index is ever divided at run time (the row's `(MTP position, head)` split
 # divides by the compile-time `group`).
 #
-# Two loops over the partitions (a run-time count, so one compiled reduce serves every split):
-# the first finds `M` from the row's `(m_z, ℓ_z)`, the second accumulates `w_z · o_z` and `Σ w_z`.
-# The stats are re-read in the second loop rather than kept: they are 8 bytes per partition per
-# row, hit in L2, and keeping 64 of them would cost 128 registers. The output is converted to the
-# query dtype and stored as 8 bytes per lane.
+# One loop over the partitions (a run-time count, so one compiled reduce serves every split), in
+# groups of `REDUCE_GROUP` = 4: a group's 12 loads (`m_z`, `ℓ_z` and the 16 bytes of `o_z` for each
+# of its partitions) are all issued before the first is used, so the loop waits for memory once per
+# group instead of once per partition. The merge is online, as in the kernel's own loop: the
+# running max `M` rises to the group's live maxima, what came before is rescaled by `e^(M_old - M)`,
+# and each partition adds `w_z = ℓ_z e^(m_z - M)` to `Σ w` and `w_z o_z` to the output. A group slot
+# past the last partition loads at byte offset 2^31, beyond every partial buffer (the kernel's
+# 32-bit offsets keep them below it): the buffer resource's bound makes that load return 0, an empty
+# partition, without fetching anything, so the tail costs no bytes and no branch. The output is
+# converted to the query dtype and stored as 8 bytes per lane.
+#
+# An earlier version made two passes (the max, then the weighted sum), each waiting for memory once
+# per partition: at the 16-way split of chapter 7's shape the timing model of the time put it at
+# 15 µs of a 48 µs call on MI300X, and the grouped pass at 5 µs, 2 of them the launch (a model's
+# figures, not measurements; today's is the `reduce` term of chapter 7's predictions).
 
 # %% tags=["export"]
 @functools.lru_cache(maxsize=None)
@@ -208,26 +224,37 @@ def build_reduce(head_dim, group, query_length, q_dtype="f16", balanced=False):
         ninf = fx.Float32(float("-inf"))
         zero = fx.Float32(0.0)
 
-        # pass 1: the global max over partitions that saw a token (an empty one enters as -inf)
-        for z, m_run in range(z0(seq), z1(seq), 1, init=[ninf]):
-            i = stat0 + fx.Int32(z) * stride
-            m = buffer_load(mx_rs, i * 4, 1).bitcast(fx.Float32)
-            s = buffer_load(sm_rs, i * 4, 1).bitcast(fx.Float32)
-            res = yield [fmax(fx.Float32(m_run[0]), fx.Float32(select(s > 0.0, m, ninf)))]
-        gmax = fx.Float32(res)
-
-        # pass 2: weights w = l·e^(m - M), selected (not multiplied) to 0 for empty partitions,
-        # so M = -inf (all empty) never meets 0·inf
-        for z, st in range(z0(seq), z1(seq), 1, init=[zero, fx.Vector.filled(4, 0.0, fx.Float32)]):
-            i = stat0 + fx.Int32(z) * stride
-            m = buffer_load(mx_rs, i * 4, 1).bitcast(fx.Float32)
-            s = buffer_load(sm_rs, i * 4, 1).bitcast(fx.Float32)
-            o = buffer_load(po_rs, (i * HD + d0) * 4, 4).bitcast(fx.Float32)
-            w = fx.Float32(select(s > 0.0, s * exp2((m - gmax) * LOG2E), zero))
-            res = yield [fx.Float32(st[0]) + w, fx.Vector(st[1]) + o * splat4(w)]
-        den = fx.Float32(res[0])
+        # one pass in groups of REDUCE_GROUP partitions, every load of a group issued before any is
+        # used (one memory wait per group, not one per partition); a slot past the last partition
+        # loads at PAST_PARTIALS, beyond the buffer, so it reads 0 (an empty partition) and fetches nothing
+        lo, hi = z0(seq), z1(seq)
+        init = [ninf, zero, fx.Vector.filled(4, 0.0, fx.Float32)]
+        for gi, st in range(0, (hi - lo + (REDUCE_GROUP - 1)) // REDUCE_GROUP, 1, init=init):
+            zb = lo + fx.Int32(gi) * REDUCE_GROUP
+            ms, ss, os_ = [], [], []
+            for u in range_constexpr(REDUCE_GROUP):
+                here = zb + u < hi
+                i = stat0 + (zb + u) * stride
+                at = fx.Int32(select(here, i * 4, PAST_PARTIALS))
+                ms.append(buffer_load(mx_rs, at, 1).bitcast(fx.Float32))
+                ss.append(buffer_load(sm_rs, at, 1).bitcast(fx.Float32))
+                os_.append(buffer_load(po_rs, fx.Int32(select(here, (i * HD + d0) * 4, PAST_PARTIALS)), 4)
+                           .bitcast(fx.Float32))
+            m_run = fx.Float32(st[0])
+            m_new = m_run  # the running max over partitions that saw a token (an empty one enters as -inf)
+            for u in range_constexpr(REDUCE_GROUP):
+                m_new = fmax(m_new, fx.Float32(select(ss[u] > 0.0, ms[u], ninf)))
+            # rescale what came before; weights w = l·e^(m - M) selected (not multiplied) to 0 for
+            # empty partitions, so M = -inf (all empty so far) never meets 0·inf
+            corr = fx.Float32(select(m_new > ninf, exp2((m_run - m_new) * LOG2E), zero))
+            den, acc = fx.Float32(st[1]) * corr, fx.Vector(st[2]) * splat4(corr)
+            for u in range_constexpr(REDUCE_GROUP):
+                w = fx.Float32(select(ss[u] > 0.0, ss[u] * exp2((ms[u] - m_new) * LOG2E), zero))
+                den, acc = den + w, acc + os_[u] * splat4(w)
+            res = yield [m_new, den, acc]
+        den = fx.Float32(res[1])
         inv = fx.Float32(select(den > 0.0, rcp(den), zero))
-        o = fx.Vector(res[1]) * splat4(inv)
+        o = fx.Vector(res[2]) * splat4(inv)
         if r < ROWS:
             qi = rc // G
             orow = (seq * QL + qi) * (num_kv_heads * G) + kvh * G + (rc - qi * G)
@@ -381,7 +408,7 @@ DEFAULT_POLICY = "model"
 TRAFFIC_CAP = 1.05
 #: the first-principles extra bytes of a split (:func:`split_extra_bytes`) times this bound what
 #: the emulator measures a split loading beyond the unsplit call (query and page-id re-reads at
-#: partition edges, the reduce's two passes over the stats): ``tests/test_traffic.py`` checks it
+#: partition edges): ``tests/test_traffic.py`` checks it
 SPLIT_EXTRA_MARGIN = 1.25
 
 
@@ -538,7 +565,8 @@ print(format_table(hrows))
 # rest on the grid's wave quantization, the least validated part. And the table's grid is
 # coarse: between grid points it takes the nearest point's tiles per partition, which in the
 # quantization-dominated regime can pick a count the model itself predicts a few % slower than
-# its argmin at the exact shape (none of the four shapes below).
+# its argmin at the exact shape (one of the four shapes below: 16 × 32k, 3 against the exact
+# shape's 4, predicted within 1 % of each other).
 
 # %% tags=["nbval-ignore-output"]
 from pa_tile import figures  # noqa: E402
@@ -588,21 +616,21 @@ else:
 
 # %% [markdown]
 # At small batch the model and the bytes disagree. 3 sequences of 1027 tokens with 64 query rows
-# per KV head: the model's fastest is one partition per tile, predicted about 1.5x faster than
+# per KV head: the model's fastest is one partition per tile, predicted about 1.6x faster than
 # no split on both GPUs, but its partials (5 partitions x 64 rows x 130 floats per sequence,
 # read back by the reduce) would load 1.58x the compulsory bytes instead of 0.86x unsplit; the
-# chapter's own ragged set (4 × 1027, 8 rows) would go from 2 partitions to 5, about 1.3x
+# chapter's own ragged set (4 × 1027, 8 rows) would go from 2 partitions to 5, about 1.45x
 # (predicted), for +8 % of the loads. The default keeps the bytes: the traffic cap allows the
 # 8-row set its 2 partitions and the 64-row set none, and `tests/test_traffic.py` measures every
 # configuration of the upstream test grid (query_length 1-4, group 8-32, both scale kinds, both
 # archs, batch 3 and 81) at or under 1.05x. These small launches are latency-bound, so the
 # model says the cap costs them time: `policy="fastest"` is there for a caller who measures that
 # it pays on their GPU. At 16 × 8 KV heads × 32k the model splits far less than the rule (3
-# against 10 and 8) for about the same predicted time (1 % better), and the cap does not bind: the
+# against 10 and 8) for about the same predicted time (under 1 % better), and the cap does not bind: the
 # reduce reads every partition's partials back, and 3 partitions already make 384 workgroups
 # (304 / 256 CUs). At 152 × 8 × 32k (4-5 workgroups per CU unsplit) nothing splits. The table's
-# count is the model's own argmin at the exact shape in every row. (All times here are MODEL
-# predictions.)
+# count is the model's own argmin at the exact shape in every row but that one. (All times here
+# are MODEL predictions.)
 
 # %% [markdown]
 # ## Ragged batches: a balanced split
@@ -762,13 +790,13 @@ else:
 
 # %% [markdown]
 # The model's verdict (MODEL predictions, MI300X / MI355X): one 32k sequence beside fifteen 1k
-# ones goes from about 192 / 166 µs to 67 / 54 µs, because the uniform split's busiest workgroup
-# walks 43 tiles and the balanced one's at most 4; the eight mixed lengths gain 22 % / 10 %; the even
+# ones goes from about 194 / 164 µs to 48 / 38 µs, because the uniform split's busiest workgroup
+# walks 43 tiles and the balanced one's at most 4; the eight mixed lengths take 36 % / 24 % less time; the even
 # batch is unchanged (its chunks are the uniform split's, within 1 %: the empty entries cost a
 # scalar load and a partial write each, no query read). The third batch is where the chooser
 # splits nothing (64 sequences x 8 KV heads already fill the GPU, judged by the block table's
-# width), yet four 16k sequences make the unsplit launch last 282 / 242 µs; asked for
-# (`schedule="balanced"`), the list cuts them into 6-tile chunks and the model predicts 89 / 63.
+# width), yet four 16k sequences make the unsplit launch last 288 / 242 µs; asked for
+# (`schedule="balanced"`), the list cuts them into 6-tile chunks and the model predicts 83 / 57.
 # The default cannot make that call itself: whether a batch is ragged is in `context_lengths`,
 # whose values the plan never reads on a GPU (a host sync), and balancing a batch of short
 # sequences would give each a partial and a reduce for nothing (past the traffic cap), so an
@@ -810,8 +838,8 @@ else:
 
 # %% [markdown]
 # Here the model and the bytes disagree again, as they did over partitions at small batch. Up
-# to 16 sequences the model predicts one M-tile per workgroup faster (MI300X 137 -> 85 µs at one
-# sequence, MI355X 117 -> 74: four times the workgroups to hide the latency of), for 4x the K/V
+# to 16 sequences the model predicts one M-tile per workgroup faster (MI300X 139 -> 92 µs at one
+# sequence, MI355X 113 -> 79: four times the workgroups to hide the latency of), for 4x the K/V
 # loads, which it assumes hit L2 (its `l2_extra_bytes` go at L2 bandwidth, an optimistic
 # assumption no measurement here checks); at 64 sequences the re-reads cost more than the
 # parallelism buys (416 -> 517 µs). Within the traffic cap the choice is forced: any M-tile split

@@ -72,7 +72,7 @@ def _config(cfg):
     smp = model.sample_stage("s6", probe, hwc.arch)
     main = model.kernel_code(smp.main_asm, hw=hwc, vmem_segments=model.vmem_segments(smp.per_tile),
                              line_counts=smp.line_per_tile or None)
-    red = model.kernel_code(smp.reduce_asm, smp.reduce_kernel, hw=hwc, cached=True) if smp.reduce_asm else None
+    red = model.reduce_code(smp, hwc)
     best, gain = [], []
     for n in SEQ_HEADS:
         row, grow = [], []

@@ -84,6 +84,8 @@ def test_combine_torch_model():
     (1, 3, 7, 4, 8, 128, torch.bfloat16),
     (2, 1, 2, 1, 4, 256, torch.float16),  # 64 lanes per row
     (1, 1, 1, 3, 32, 128, torch.float16),  # a single partition: out = o
+    (1, 2, 4, 1, 8, 128, torch.float16),  # one whole group (REDUCE_GROUP = 4)
+    (2, 1, 9, 1, 8, 64, torch.bfloat16),  # two groups and a tail of one
 ])
 def test_reduce_matches_model(arch, S, kvh, NP, ql, g, hd, qdt, device):
     pmax, psum, pout = _partials(S, kvh, NP, ql * g, hd)
@@ -98,6 +100,29 @@ def test_reduce_matches_model(arch, S, kvh, NP, ql, g, hd, qdt, device):
     torch.testing.assert_close(out, want, atol=1e-3, rtol=2 * ulp)
     if NP > 1 or S * kvh > 1:
         assert (out[-1, -1] == 0).all()  # the all-empty row
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("balanced", [False, True])
+def test_the_reduce_waits_for_memory_once_per_group(arch, balanced):
+    """One loop, and every load of a group (stats and output of REDUCE_GROUP partitions) issued
+    before its first wait: a wait per partition made the reduce a third of chapter 7's call in
+    the timing model (the loop's latency, ``pa_tile.perf.model``)."""
+    S, NP, rows = 2, 6, 8
+    out = torch.zeros(S, 8, 128, dtype=torch.float16)
+    stats, pout = torch.zeros(S * NP, 1, rows), torch.zeros(S * NP, 1, rows, 128)  # a work list's layout
+    if balanced:
+        args = (out, stats, stats, pout, torch.tensor([0, 5, S * NP], dtype=torch.int32), S, 1)
+    else:
+        args = (out, stats.view(S, 1, NP, rows), stats.view(S, 1, NP, rows), pout.view(S, 1, NP, rows, 128), S, 1, NP)
+    asm = toolchain.compile_isa(s6.build_reduce(128, 8, 1, "f16", balanced=balanced), *args, arch=arch)
+    st = isa.IsaStats.from_asm(asm)
+    lp = st.main_loop
+    assert lp is not None and sum(1 for line in asm.splitlines() if line.strip().startswith("s_cbranch_vccnz")) <= 1
+    body = asm.splitlines()[lp.start_line - 1:lp.end_line]
+    first_wait = next(i for i, line in enumerate(body) if "vmcnt" in line)
+    loads = sum(1 for line in body[:first_wait] if "buffer_load" in line)
+    assert loads == 3 * s6.REDUCE_GROUP == lp.families["buffer"], (loads, lp.families)
 
 
 # ---------------------------------------------------------------------------- heuristic

@@ -47,7 +47,7 @@ __all__ = ["paged_decode", "paged_decode_partials", "build_launcher", "launch_ar
            "tile_range", "stage_scales", "phase_b", "store_stats", "merge_weights", "Spec", "stage_query",
            "score_factors", "lane_scales", "k_scaled", "phase_a", "write_rows", "merge_and_write", "WidePages", "wide_v",
            "wide_scores", "wide_v_max", "wide_v_weight", "wide_pv", "wide_loop", "wide_merge_and_write", "make_kernel",
-           "partial_shapes", "check_partial_offsets"]
+           "partial_shapes", "check_partial_offsets", "v_with_k"]
 
 #: what the stage-5 kernel supports (upstream's tile kernel takes head_dim 64, 128 and 256 too)
 LIMITS = problem.Limits(stage="s5", head_dims=(64, 128, 256), block_sizes=(16, 64), groups=None, max_group=32,
@@ -291,6 +291,7 @@ class Spec:
         self.NCH = head_dim // 16  # 16-channel d-chunks of the output
         self.CPW = self.NCH // WAVES  # d-chunks each wave owns after the merge
         self.WIDE = self.MT > WIDE_ABOVE  # P·V split by head_dim, P through LDS (its section)
+        self.V_WITH_K = self.WIDE and v_with_k(head_dim, block_size, per_token)
         self.MB = PHASE_GROUP[head_dim]  # M-tiles per phase group of the head_dim split
         self.XS, self.SHARED_BYTES = exchange_slots(head_dim, self.MT)
         if self.WIDE:  # no exchange after the loop: the shared region holds only the staged query
@@ -471,6 +472,15 @@ PHASE_GROUP = {64: 1, 128: 4, 256: 4}
 WIDE_ABOVE = 0
 
 
+def v_with_k(head_dim, block_size, per_token):
+    """Whether the head_dim split's loop issues a tile's V right after its K, so the two loads'
+    latencies run side by side and a tile waits for memory once, or after the scores, in the
+    registers K frees, waiting twice ("When to load V"). With K wherever the extra live V words
+    keep the kernel within upstream's register and occupancy figures: all but head_dim 256 and
+    per-token scales on 64-token pages (``tests/test_stage5.py`` checks every configuration)."""
+    return head_dim <= 128 and not (per_token and block_size == 64)
+
+
 class WidePages(LanePages):
     """``LanePages`` for the head_dim split: the wave's own span's K (and per-token scales) as
     before, and the V bytes of its ``CPW`` d-chunks in all four spans, lane ``(col, grp)`` loading
@@ -612,6 +622,8 @@ def wide_loop(c, k, wp, t_start, t_end):
             own = wp.own(v_ids)
             k_sc1, v_sc1 = wp.scale(k.ks_rs, own), wp.scale(k.vs_rs, own)  # the oldest loads
         k_words = wp.k(st[0])
+        if const_expr(c.V_WITH_K):
+            v_all = wide_v(c, wp, v_ids, t, k.ctx, k.grp)  # V in flight with K: one wait a tile, not two
         k_next, v_next = wp.page_id(t + 1, wp.k_j), wp.v_page_ids(t + 1)
         fx.rocdl.sched_barrier(0)
         tok = t * TILE + k.wave * SPAN + k.grp * 16  # the lane's first token
@@ -624,7 +636,7 @@ def wide_loop(c, k, wp, t_start, t_end):
             ms = list(range(g0, min(g0 + c.MB, MT)))
             s_all = wide_scores(c, ms, t, tok, k.ctx, k_words, k.shared, k.stats, k.lane, k.col, k.wave, k.c_qk,
                                 k.hi1, pt_a)
-            if const_expr(g0 == 0):
+            if const_expr(g0 == 0 and not c.V_WITH_K):
                 fx.rocdl.sched_barrier(0)
                 v_all = wide_v(c, wp, v_ids, t, k.ctx, k.grp)  # V after the first group's scores
             gpu.barrier()  # every wave's row maxes (and V-scale max) are in the tables

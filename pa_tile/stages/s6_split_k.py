@@ -23,7 +23,7 @@ import torch
 
 import flydsl.compiler as flyc
 import flydsl.expr as fx
-from flydsl.expr import gpu
+from flydsl.expr import gpu, range_constexpr
 
 from pa_tile import arch as _arch
 from pa_tile.kernel_lib import (LOG2E, TILE, buffer_load, buffer_store, device_code, exp2, fmax, imin, rcp, rsrc,
@@ -48,6 +48,12 @@ MIN_TILES_PER_PARTITION = 2
 #: K and V bytes the call must read (see ``choose_num_partitions``)
 PARTIAL_BYTES_BUDGET = 0.03
 REDUCE_THREADS = 256
+#: partitions the reduce loads together, waiting for memory once per group (its section)
+REDUCE_GROUP = 4
+#: the byte offset 2^31 (as a signed 32-bit value; the hardware reads offsets unsigned), past every
+#: partial buffer (``s5.check_partial_offsets`` keeps them below 2^31): a buffer load there returns
+#: 0 and fetches nothing
+PAST_PARTIALS = -(2**31)
 
 
 def combine_torch(pmax, psum, pout, query_length, group):
@@ -99,26 +105,37 @@ def build_reduce(head_dim, group, query_length, q_dtype="f16", balanced=False):
         ninf = fx.Float32(float("-inf"))
         zero = fx.Float32(0.0)
 
-        # pass 1: the global max over partitions that saw a token (an empty one enters as -inf)
-        for z, m_run in range(z0(seq), z1(seq), 1, init=[ninf]):
-            i = stat0 + fx.Int32(z) * stride
-            m = buffer_load(mx_rs, i * 4, 1).bitcast(fx.Float32)
-            s = buffer_load(sm_rs, i * 4, 1).bitcast(fx.Float32)
-            res = yield [fmax(fx.Float32(m_run[0]), fx.Float32(select(s > 0.0, m, ninf)))]
-        gmax = fx.Float32(res)
-
-        # pass 2: weights w = l·e^(m - M), selected (not multiplied) to 0 for empty partitions,
-        # so M = -inf (all empty) never meets 0·inf
-        for z, st in range(z0(seq), z1(seq), 1, init=[zero, fx.Vector.filled(4, 0.0, fx.Float32)]):
-            i = stat0 + fx.Int32(z) * stride
-            m = buffer_load(mx_rs, i * 4, 1).bitcast(fx.Float32)
-            s = buffer_load(sm_rs, i * 4, 1).bitcast(fx.Float32)
-            o = buffer_load(po_rs, (i * HD + d0) * 4, 4).bitcast(fx.Float32)
-            w = fx.Float32(select(s > 0.0, s * exp2((m - gmax) * LOG2E), zero))
-            res = yield [fx.Float32(st[0]) + w, fx.Vector(st[1]) + o * splat4(w)]
-        den = fx.Float32(res[0])
+        # one pass in groups of REDUCE_GROUP partitions, every load of a group issued before any is
+        # used (one memory wait per group, not one per partition); a slot past the last partition
+        # loads at PAST_PARTIALS, beyond the buffer, so it reads 0 (an empty partition) and fetches nothing
+        lo, hi = z0(seq), z1(seq)
+        init = [ninf, zero, fx.Vector.filled(4, 0.0, fx.Float32)]
+        for gi, st in range(0, (hi - lo + (REDUCE_GROUP - 1)) // REDUCE_GROUP, 1, init=init):
+            zb = lo + fx.Int32(gi) * REDUCE_GROUP
+            ms, ss, os_ = [], [], []
+            for u in range_constexpr(REDUCE_GROUP):
+                here = zb + u < hi
+                i = stat0 + (zb + u) * stride
+                at = fx.Int32(select(here, i * 4, PAST_PARTIALS))
+                ms.append(buffer_load(mx_rs, at, 1).bitcast(fx.Float32))
+                ss.append(buffer_load(sm_rs, at, 1).bitcast(fx.Float32))
+                os_.append(buffer_load(po_rs, fx.Int32(select(here, (i * HD + d0) * 4, PAST_PARTIALS)), 4)
+                           .bitcast(fx.Float32))
+            m_run = fx.Float32(st[0])
+            m_new = m_run  # the running max over partitions that saw a token (an empty one enters as -inf)
+            for u in range_constexpr(REDUCE_GROUP):
+                m_new = fmax(m_new, fx.Float32(select(ss[u] > 0.0, ms[u], ninf)))
+            # rescale what came before; weights w = l·e^(m - M) selected (not multiplied) to 0 for
+            # empty partitions, so M = -inf (all empty so far) never meets 0·inf
+            corr = fx.Float32(select(m_new > ninf, exp2((m_run - m_new) * LOG2E), zero))
+            den, acc = fx.Float32(st[1]) * corr, fx.Vector(st[2]) * splat4(corr)
+            for u in range_constexpr(REDUCE_GROUP):
+                w = fx.Float32(select(ss[u] > 0.0, ss[u] * exp2((ms[u] - m_new) * LOG2E), zero))
+                den, acc = den + w, acc + os_[u] * splat4(w)
+            res = yield [m_new, den, acc]
+        den = fx.Float32(res[1])
         inv = fx.Float32(select(den > 0.0, rcp(den), zero))
-        o = fx.Vector(res[1]) * splat4(inv)
+        o = fx.Vector(res[2]) * splat4(inv)
         if r < ROWS:
             qi = rc // G
             orow = (seq * QL + qi) * (num_kv_heads * G) + kvh * G + (rc - qi * G)
@@ -189,7 +206,7 @@ DEFAULT_POLICY = "model"
 TRAFFIC_CAP = 1.05
 #: the first-principles extra bytes of a split (:func:`split_extra_bytes`) times this bound what
 #: the emulator measures a split loading beyond the unsplit call (query and page-id re-reads at
-#: partition edges, the reduce's two passes over the stats): ``tests/test_traffic.py`` checks it
+#: partition edges): ``tests/test_traffic.py`` checks it
 SPLIT_EXTRA_MARGIN = 1.25
 
 
