@@ -618,8 +618,8 @@ else:
 # ## Predicted time against stage 1 (a model, not a measurement)
 #
 # The register-resident softmax removes stage 1's LDS round trips between the two products, and
-# the model's walk of the loop now waits out less than one memory latency per tile where stage 1's
-# waited out about five. That is nearly all of the predicted gain, and it is the least certain
+# the model's walk of the loop now waits out one memory latency per tile where stage 1's waited
+# out about five. That is nearly all of the predicted gain, and it is the least certain
 # figure of the walkthrough: stage 1's side lies outside the model's calibrated regime (the
 # caution printed below the table), where it over-predicted, so the true gain is likely smaller.
 
