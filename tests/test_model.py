@@ -362,6 +362,18 @@ def test_every_line_counted_gives_every_block_its_frequency_and_the_last_tile_it
     assert counted.fixed.cycles > walked.fixed.cycles
 
 
+def test_the_pipeline_fill_is_the_workgroups_fixed_cost():
+    """A loop whose first iteration waits for a load the prologue issued, and whose steady
+    iterations wait for nothing: that wait is charged once per workgroup (the fixed part), not
+    per tile, and not dropped with the warm-up iterations the loop's profile leaves out."""
+    h = hw.HARDWARE["mi300x"]
+    asm = _asm_kernel("\ts_waitcnt vmcnt(0)\n" + "\tv_add_f32_e32 v5, v5, v0\n" * 4)
+    asm = asm.replace("k:\n\ts_mov_b32 s4, 0\n", "k:\n\ts_mov_b32 s4, 0\n\tbuffer_load_dwordx4 v[0:3], v4, s[0:3], 0 offen\n")
+    code = model.kernel_code(asm, hw=h)
+    assert code.loop.vm_stalled_waits == 0 and code.fixed.vm_stalled_waits == 1
+    assert code.fixed.cycles >= h.mem_latency_cycles
+
+
 def _asm_kernel(body: str) -> str:
     """A one-kernel assembly listing with a main loop (label, body, backward branch)."""
     return (".amdgcn_target \"amdgcn-amd-amdhsa--gfx942\"\n\t.text\n\t.globl k\n\t.p2align 8\n\t.type k,@function\n"

@@ -472,7 +472,8 @@ def kernel_code(asm_text: str, kernel: Optional[str] = None, *, hw="mi300x", cac
     in a fraction f of iterations is walked in round(k f) of k iterations, averaged over
     :data:`AVERAGE_ITERATIONS` after two warm-up iterations), and a workgroup's last tile walks
     the blocks that ran less than every iteration once more, in the fixed part; without them
-    every block is walked every iteration."""
+    every block is walked every iteration. The warm-up iterations' excess over a steady one (the
+    pipeline's fill: waits for what the prologue issued) is the fixed part's too."""
     from .. import isa
 
     hwc = _hw.hardware(hw)
@@ -494,21 +495,25 @@ def kernel_code(asm_text: str, kernel: Optional[str] = None, *, hw="mi300x", cac
         post = [(m, o) for n, m, o in lines if n > lp.end_line]
         w = _Walker(h, vmem_segments)
         p_pre = _walk(w, pre)
-        profs = []
+        profs, warm_up = [], []
         for k in range(2 + AVERAGE_ITERATIONS):
             run = [(m, o) for n, m, o in body
                    if math.floor((k + 1) * freq.get(n, 1.0) + 1e-9) > math.floor(k * freq.get(n, 1.0) + 1e-9)]
             p = _walk(w, run)
-            if k >= 2:
-                profs.append(p)
+            (profs if k >= 2 else warm_up).append(p)
         loop_prof = _average(profs)
+        # a workgroup's first tiles fill the pipeline: they wait for what the prologue issued (page
+        # ids, the first loads) where a steady tile finds it ready. That excess over a steady tile
+        # is the workgroup's once, in the fixed part (every workgroup pays it: a split into short
+        # workgroups pays it more often)
+        fill = [_excess(p, loop_prof) for p in warm_up]
         # a workgroup's last tile runs the blocks the steady state skips (masking and zeroing past
         # the context): one more iteration with every block, its excess over a steady one fixed
         p_last = _walk(w, [(m, o) for _, m, o in body]) if any(f < 1.0 for f in freq.values()) else None
         p_post = _walk(w, post)
         fixed = _merge(p_pre, p_post)
-        if p_last is not None:
-            fixed = _merge(fixed, _excess(p_last, loop_prof))
+        for extra in fill + ([_excess(p_last, loop_prof)] if p_last is not None else []):
+            fixed = _merge(fixed, extra)
         return loop_prof, fixed
 
     loop_prof, fixed = walk_at(hwc)
