@@ -939,11 +939,11 @@ def wide_pv(c, ms, st, s_all, v_all, stats, pslab, lane, col, wave, c_qk, pt):
 
 # %% tags=["export"]
 @device_code
-def wide_loop(c, k, wp, t_start, t_end):
-    """The main loop of the head_dim split (``k``: the kernel's per-workgroup values); returns its
-    final state ``[k page, 4 V pages, O, m, l]``."""
+def wide_loop(c, k, wp, t_start, t_end, first_pages):
+    """The main loop of the head_dim split (``k``: the kernel's per-workgroup values; ``first_pages``:
+    tile ``t_start``'s K and four V page ids); returns its final state ``[k page, 4 V pages, O, m, l]``."""
     MT = c.MT
-    state = [wp.page_id(t_start, wp.k_j)] + wp.v_page_ids(t_start)
+    state = list(first_pages)
     state += [fx.Vector.filled(4, 0.0, fx.Float32)] * (MT * c.CPW) + [fx.Float32(MASKED)] * MT + [fx.Float32(0.0)] * MT
     for t, st in range(t_start, t_end, 1, init=state):
         t = fx.Int32(t)
@@ -1040,13 +1040,22 @@ def make_kernel(c):
         if const_expr(not c.per_token):
             k_scale = scalar_load(key_scale, 0).bitcast(fx.Float32)
             v_scale = scalar_load(value_scale, 0).bitcast(fx.Float32)
+        last_page, t_start, t_end = tile_range(ctx, part, c.BS, c.QL, c.W, c.NP, listed)
+        pages = LanePages(bt_rs, k_rs, v_rs, seq * max_blocks, last_page, kvh, num_kv_heads, wave, lane, col,
+                          grp, block_size=c.BS, head_dim=c.HD, trans_v=c.trans_v)
+        # the first tile's page ids are issued before the query is staged: their latency runs
+        # alongside the query's, not after the staging barrier (one memory wait less a workgroup)
+        wp = None
+        if const_expr(c.WIDE):
+            wp = WidePages(bt_rs, k_rs, v_rs, seq * max_blocks, last_page, kvh, num_kv_heads, wave, lane, col, grp,
+                           block_size=c.BS, head_dim=c.HD, trans_v=c.trans_v, cpw=c.CPW)
+            first_pages = [wp.page_id(t_start, wp.k_j)] + wp.v_page_ids(t_start)
+        else:
+            first_pages = [pages.page_id(t_start, pages.k_j), pages.page_id(t_start, pages.v_j)]
         stage_query(c, shared, rows, q_rs, seq, kvh, q_stride_row, q_stride_head, wave, lane, grp, live)
         c_qk = score_factors(c, shared, lane, scale_log2, k_scale)
         # causal bound of each row: query qi sits at ctx - QL + qi and sees tokens <= it
         hi1 = [ctx - (c.QL - 1) + rows[m][1] for m in range_constexpr(MT)]
-        last_page, t_start, t_end = tile_range(ctx, part, c.BS, c.QL, c.W, c.NP, listed)
-        pages = LanePages(bt_rs, k_rs, v_rs, seq * max_blocks, last_page, kvh, num_kv_heads, wave, lane, col,
-                          grp, block_size=c.BS, head_dim=c.HD, trans_v=c.trans_v)
         if const_expr(c.per_token):
             ks_rs, vs_rs = rsrc(key_scale), rsrc(value_scale)
             sc_lds = fx.recast_iter(fx.Uint8, lds.scales.ptr)
@@ -1058,15 +1067,13 @@ def make_kernel(c):
                 lane=lane, col=col, wave=wave, grp=grp, seq=seq, slot=slot, kvh=kvh, ctx=ctx, c_qk=c_qk, hi1=hi1)
             if const_expr(c.per_token):
                 k.ks_rs, k.vs_rs, k.sc_lds, k.sc_k, k.sc_v = ks_rs, vs_rs, sc_lds, sc_k, sc_v
-            wp = WidePages(bt_rs, k_rs, v_rs, seq * max_blocks, last_page, kvh, num_kv_heads, wave, lane, col, grp,
-                           block_size=c.BS, head_dim=c.HD, trans_v=c.trans_v, cpw=c.CPW)
-            res = wide_loop(c, k, wp, t_start, t_end)
+            res = wide_loop(c, k, wp, t_start, t_end, first_pages)
             outputs = (out,) if const_expr(not c.SPLIT) else (pout, pmax, psum)
             wide_merge_and_write(c, k, res, rows, v_scale, outputs, part, num_kv_heads)
             return
 
         zero4 = fx.Vector.filled(4, 0.0, fx.Float32)
-        state = [pages.page_id(t_start, pages.k_j), pages.page_id(t_start, pages.v_j)]
+        state = list(first_pages)
         state += [zero4] * (MT * NCH) + [fx.Float32(MASKED)] * MT + [fx.Float32(0.0)] * MT
         O0, M0, L0 = 2, 2 + MT * NCH, 2 + MT * NCH + MT
         for t, st in range(t_start, t_end, 1, init=state):
@@ -1527,7 +1534,15 @@ else:
 # (batch 4 to 1024, per-tensor and per-token scales: the gain fades where HBM bandwidth, not
 # latency, bounds the launch), including the per-token configurations where it costs a wave per
 # SIMD (4 to 3, still upstream's figure), so `v_with_k` takes it wherever it fits. Head_dim 256
-# keeps V after the scores: its 64 V words with K would drop a wave below upstream's figure.
+# keeps V after the scores: its 64 V words with K would exceed upstream's register figure or drop
+# a wave.
+#
+# The same reasoning moves the first tile's page ids ahead of the query's staging: issued after
+# the staging barrier, as the loop's own prefetch of the next tile's ids is, they made a
+# workgroup's first tile wait for them before it could even address K. Issued before the query's
+# loads, their latency runs alongside the query's (`first_pages` in `make_kernel` above). One wait a
+# workgroup rather than a tile, but chapter 6 splits a sequence into workgroups of a few tiles,
+# and each of them pays it.
 
 # %% [markdown]
 # ## head_dim 256

@@ -838,8 +838,8 @@ else:
 
 # %% [markdown]
 # Here the model and the bytes disagree again, as they did over partitions at small batch. Up
-# to 16 sequences the model predicts one M-tile per workgroup faster (MI300X 139 -> 92 µs at one
-# sequence, MI355X 113 -> 79: four times the workgroups to hide the latency of), for 4x the K/V
+# to 16 sequences the model predicts one M-tile per workgroup faster (MI300X 140 -> 95 µs at one
+# sequence, MI355X 114 -> 81: four times the workgroups to hide the latency of), for 4x the K/V
 # loads, which it assumes hit L2 (its `l2_extra_bytes` go at L2 bandwidth, an optimistic
 # assumption no measurement here checks); at 64 sequences the re-reads cost more than the
 # parallelism buys (416 -> 517 µs). Within the traffic cap the choice is forced: any M-tile split

@@ -397,6 +397,21 @@ def test_head_dim_256_resources(key):
     assert st.vgpr_unified <= 168 and occ >= 3, f"{st.vgpr_unified} regs / {occ} waves"
 
 
+@pytest.mark.parametrize("arch", ARCHS)
+def test_the_first_tiles_page_ids_load_before_the_query_is_staged(arch):
+    """Chapter 5, "When to load V": the first tile's K and four V page ids are issued before the
+    query's loads, so their latency runs alongside the query's instead of after the staging barrier
+    (one memory wait a workgroup; chapter 6's short workgroups pay it once each)."""
+    case = cache.make_case(1, 8, 1, 128, 16, 20, fp8_format=FMT[arch], query_dtype=torch.float16)
+    launcher, args, arch = s5.launch_args(*_args(case), arch=arch, num_partitions=2)
+    asm = toolchain.compile_isa(launcher, *args, arch=arch)
+    lines = asm.splitlines()
+    barrier = next(i for i, line in enumerate(lines) if line.strip() == "s_barrier")
+    first_query_load = next(i for i, line in enumerate(lines) if "buffer_load_dwordx4" in line)
+    page_ids = [i for i, line in enumerate(lines[:barrier]) if line.strip().startswith("buffer_load_dword ")]
+    assert len(page_ids) == 5 and max(page_ids) < first_query_load < barrier
+
+
 # ---------------------------------------------------------------------------- real GPU
 
 
