@@ -1481,7 +1481,7 @@ assert all(r["meets"] == "yes" and r["spill"] == 0 for r in up_rows)
 # The head_dim split's loop inherited the order above: K at the top of the iteration, V after the
 # score MFMAs. A tile then waits for memory twice in series, for K before the scores and for V
 # before P·V, and at decode batch sizes nothing covers either wait: 16 sequences of one KV head are
-# 16 workgroups (split, a few hundred of 4 tiles each), about one per CU, one wave per SIMD. Issued
+# 16 workgroups (split, a few hundred of a few tiles each), about one per CU, one wave per SIMD. Issued
 # right after K, V's latency runs alongside K's and a tile waits once. It costs V's words in
 # registers through the scores, but the split's P·V holds only a quarter of the output, so that
 # fits upstream's register and occupancy figures everywhere except head_dim 256 and per-token
@@ -1530,10 +1530,10 @@ else:
 
 # %% [markdown]
 # One latency a tile instead of two, for ten more registers at this configuration and no lost
-# wave. The model predicts the same order faster or equal at every batch it was asked about
-# (batch 4 to 1024, per-tensor and per-token scales: the gain fades where HBM bandwidth, not
-# latency, bounds the launch), including the per-token configurations where it costs a wave per
-# SIMD (4 to 3, still upstream's figure), so `v_with_k` takes it wherever it fits. Head_dim 256
+# wave. The model predicts the same order faster where latency bounds the launch and no slower
+# where HBM bandwidth does, with per-token scales too, where it costs a wave per SIMD (4 to 3,
+# still upstream's figure): `tests/test_partition_choice.py` pins that verdict at 16 × 16k,
+# 128 × 4k and 1024 × 2k tokens, so `v_with_k` takes it wherever it fits. Head_dim 256
 # keeps V after the scores: its 64 V words with K would exceed upstream's register figure or drop
 # a wave.
 #

@@ -36,8 +36,8 @@ def test_pinned_model_choices(arch):
     assert s6.choose_num_partitions(3, 1, 1027, arch=arch, group=8) == 2
     # one long sequence on 8 KV heads (128 tiles): a wide split, three tiles a partition, not the
     # kernel's 64: past that the reduce's grouped loads and the partials' bytes win nothing
-    # (predicted on MI300X 507 us unsplit, 47.4 at 22, 41.2 at 32, 39.7 at 43, 41.3 at 64; MI355X
-    # 432 / 39.1 / 33.8 / 32.5 / 32.3, 64 within MIN_GAIN). Before the reduce waited once per four
+    # (predicted on MI300X 506 us unsplit, 47.3 at 22, 41.2 at 32, 39.6 at 43, 41.3 at 64; MI355X
+    # 431 / 39.1 / 33.8 / 32.6 / 32.3, 64 within MIN_GAIN). Before the reduce waited once per four
     # partitions (chapter 6), its per-partition wait held this at 22 (MI300X) and 32 (MI355X)
     assert s6.choose_num_partitions(1, 8, 32768, arch=arch) == 43
     # nothing to split
