@@ -864,7 +864,7 @@ def _implied_latency(r, clk) -> float | None:
     return (cu_cycles / max(1, r["tiles"]) - r["zero_latency_tile_cycles"]) / r["exposures"]
 
 
-def _scale_section(s, rows) -> list:
+def _walk_section(s, rows) -> list:
     scales = [r["walk_scale"] for r in rows if r.get("walk_scale")]
     if not scales:
         return []
@@ -1039,7 +1039,7 @@ def _report(s, rows, steps, data) -> str:
         "'max' = perfect overlap, the previous form); the loaded latency's HBM utilisation is of the "
         f"`{s.get('utilisation_of', 'achievable')}` bandwidth (pa_tile.perf.model.UTILISATION_OF)",
         "",
-        *_scale_section(s, rows),
+        *_walk_section(s, rows),
         *_fresh_section(s, rows, steps),
         "## Two rounds ago (issue 14 follow-up): what changed, and what was chosen after seeing held-out errors",
         "",
