@@ -560,7 +560,14 @@ print(format_table(hrows))
 # its weakest spot is exactly this trade: the steps of the seed kernel's history that changed only
 # the partition count (batch 64-256) are predicted in the right direction but not to size (batch
 # 96: measured 26 % faster, predicted 16 %; production's split count at batch 64: measured 7 %
-# slower, predicted 33 %). Where the rule left CUs idle (small batch, short context) the
+# slower, predicted 33 %). Four more partition steps, measured on one later version of that
+# kernel (2154f0cf, in the comment on its split heuristic), were recorded and then predicted by
+# this model before it had seen them (the report's "Fresh steps from the later history"): all
+# four in the right direction, among them 81 sequences × 1027 tokens, where 8 partitions measured
+# 30 % slower than 2; to size within 15 % at both block sizes it may have used only at 81 × 16k
+# (8 → 32 partitions at batch 1: measured 2.5x faster, predicted 1.9-2.1x; 1 → 5 at batch 3:
+# measured about 1.3x, predicted 1.7-1.9x; 2 → 8 at 81 × 1027: measured 1.30x slower, predicted
+# 1.38-1.57x). Where the rule left CUs idle (small batch, short context) the
 # model's extra partitions fill them, the direction nobody disputes; at large batch its choices
 # rest on the grid's wave quantization, the least validated part. And the table's grid is
 # coarse: between grid points it takes the nearest point's tiles per partition, which in the

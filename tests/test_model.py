@@ -144,6 +144,9 @@ def test_validation_data_parses_and_every_point_cites_a_commit():
         assert st["quote"].strip()
         if "before_gap" in st:  # a ratio step: multiples of production's time at the same shape
             assert st["before_gap"] > 0 and st["after_gap"] > 0 and "before_us" not in st and st["note"]
+        elif "ratio" in st:  # a partition-count step: one version, two quoted partition counts
+            assert st["ratio"] > 0 and st["before_version"] == st["after_version"] and st["note"]
+            assert st["before_partitions"] != st["after_partitions"] and "before_us" not in st
         else:
             assert st["after_us"] > 0 and st["before_us"] > 0
         DecodeShape(**st["shape"])  # a valid shape
@@ -440,3 +443,64 @@ def test_the_harness_relaxes_the_emulator_hook_only_below_its_supported_flydsl()
     vm._fit_hook_to_seed_flydsl()  # the installed flydsl is supported: nothing changes
     assert (launch.SUPPORTED_FLYDSL, launch._PLACEHOLDER_HOOKS, launch.compare_exports) == before
     assert vm.FALLBACK_FLYDSL == "0.2.2"
+
+
+def _harness():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("validate_model", DATA.parents[2] / "scripts" / "validate_model.py")
+    vm = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(vm)
+    return vm
+
+
+def test_the_later_history_steps_are_recorded_with_what_they_assume():
+    later = [st for st in json.loads(DATA.read_text())["steps"] if st.get("round")]
+    assert len(later) == 11
+    for st in later:
+        assert re.fullmatch(r"0\.2\.[34]", st["flydsl"])  # the release of the version's date
+        assert "ASSUMED" in st["note"] or "assumed" in st["note"] or "assume_block_sizes" in st
+        assert set(st.get("assume_block_sizes", [16])) <= {16, 64}
+        assert set(st.get("vgpr_quoted", {})) <= {"before", "after"}
+    assert sum("ratio" in st for st in later) == 4 and sum("before_gap" in st for st in later) == 7
+
+
+def test_the_harness_predicts_a_later_step_under_each_assumption():
+    vm = _harness()
+    np_step = dict(before_version="a", after_version="a", before_partitions=8, after_partitions=32,
+                   assume_block_sizes=[16, 64], shape=dict(batch=1, context=16384, num_q_heads=8, num_kv_heads=1,
+                                                           head_dim=128, block_size=16, query_length=1,
+                                                           scales="per-tensor"))
+    alts = vm._step_shapes(np_step)
+    assert [label for label, _ in alts] == ["block 16", "block 64"]
+    for (label, ((b, bs), (a, as_))) in alts:
+        assert (bs["partitions"], as_["partitions"]) == (8, 32) and bs["block_size"] == as_["block_size"]
+        assert vm._config_tag(bs) == vm._config_tag(as_) != ""  # one build serves both counts
+    gap = dict(np_step, after_version="b")
+    for k in ("before_partitions", "after_partitions", "assume_block_sizes"):
+        gap.pop(k)
+    [(label, ((b, bs), (a, as_)))] = vm._step_shapes(gap)
+    assert label == "" and (b, a) == ("a", "b") and "partitions" not in bs
+    legacy = dict(gap["shape"], block_size=1024)
+    assert vm._config_tag(legacy) == ""  # the first rounds' builds keep their cached names
+    # a change of more than 2% needs a predicted change of more than 1% the same way
+    assert vm._same_direction(0.9, 0.98) and not vm._same_direction(0.9, 0.995)
+    assert vm._same_direction(1.3, 1.05) and not vm._same_direction(1.3, 0.9)
+
+
+def test_the_report_predicts_every_later_step_with_builds_that_match_their_quoted_registers():
+    rep = json.loads((DATA.parent / "model_validation.json").read_text())
+    later, s = rep["later_steps"], rep["summary"]
+    data = [st for st in json.loads(DATA.read_text())["steps"] if st.get("round")]
+    assert [r["quote"] for r in later] == [st["quote"] for st in data]
+    assert all(r["built"] for r in later) and s["later_built"] == s["later_steps"] == len(later)
+    assert s["later_sign_ok"] == sum(r["sign_ok"] for r in later)
+    for r in later:
+        assert r["sign_ok"] == all(a["sign_ok"] for a in r["alternatives"])
+        for a in r["alternatives"]:
+            for i, k in enumerate(("before", "after")):
+                if k in (r["vgpr_quoted"] or {}):
+                    assert a["vgpr"][i] == r["vgpr_quoted"][k]  # the release of its date rebuilds what was measured
+    assert s["later_vgpr_checks"] >= 5 and s["later_vgpr_match"] == s["later_vgpr_checks"]
+    if s["later_sign_ok"] < s["later_steps"]:
+        assert s["verdict"] == "NOT MET"

@@ -109,7 +109,7 @@ CU_CONTENTION = "mva"
 #: achievable bandwidth (``hbm_efficiency`` x peak, "achievable", the previous form) or over the
 #: DRAM's peak ("peak": the literal utilisation of the server the requests queue at; the fitted
 #: hbm_efficiency then only caps the bandwidth). "peak" is the default since issue 14's follow-up, a
-#: choice made after seeing held-out errors (model_validation.md, 'The previous round')
+#: choice made after seeing held-out errors (model_validation.md, 'Contention and utilisation')
 UTILISATION_OF = "peak"
 #: the highest HBM utilisation the loaded-latency fixed point may reach (lat0 / (1 - u) stays finite)
 U_MAX = 0.95
@@ -939,7 +939,7 @@ def predict(*, shape: DecodeShape, hw, per_tile: Dict[str, float], fixed: Dict[s
         # without a sampled count, from a trace that counted only memory instructions, ran less
         # often; with every line counted the two agree to a few percent). The difference's issue
         # time goes; the walk's waits for memory stay: a skipped block of VALU work makes no load
-        # return sooner (model_validation.md, 'This round')
+        # return sooner (model_validation.md, 'The walk's branches')
         scale = dyn_wave / lp.instructions if dyn_wave else 1.0
         skipped = (1.0 - scale) * lp.issue_cycles
         L_tile = lp.cycles - skipped
