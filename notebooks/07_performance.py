@@ -283,7 +283,7 @@ else:
 # point is unseen any more. The later history (2026-07-06 to 07-20) quotes ratios, not times:
 # eleven of them (four partition counts measured on one kernel; seven steps against production's
 # kernel: head_dim 64, multi-token decode with per-token and per-tensor scales, two of them across
-# an occupancy cliff) were recorded with their shape assumptions before the current model first
+# an occupancy cliff), and three head_dim-64 multi-token times of one commit, were recorded with their shape assumptions before the current model first
 # predicted them, each version built with the flydsl release of its date, which rebuilds the
 # register counts their messages quote. They are the fresh test of this model. The figures:
 

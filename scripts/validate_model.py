@@ -908,17 +908,20 @@ def production_bound(data):
 def session_spread(data) -> list:
     """Every figure the messages quote for one (version, shape): its own point and the 'before' of
     each step whose before-version it is (a later commit's A/B re-measures its parent)."""
+    def key(sha, sh):  # every field but the block size, which a quote may leave open
+        return (sha, sh["batch"], sh["context"], sh["num_q_heads"], sh["head_dim"], sh.get("query_length", 1),
+                sh.get("scales", "per-tensor"))
+
     figs = {}
     for p in data["points"]:
-        figs.setdefault((p["commit"], p["shape"]["batch"], p["shape"]["context"]), []).append(
+        figs.setdefault(key(p["commit"], p["shape"]), []).append(
             (p["measured_us"], "its point, quoted in " + p["quoted_in"][:8]))
     for st in data["steps"]:
         if "before_us" not in st:  # a ratio (a multiple of production's time, a partition sweep), not a time
             continue
-        k = (st["before_version"], st["shape"]["batch"], st["shape"]["context"])
-        figs.setdefault(k, []).append((st["before_us"], "'before' of the step quoted in " + st["quoted_in"][:8]))
+        figs.setdefault(key(st["before_version"], st["shape"]), []).append((st["before_us"], "'before' of the step quoted in " + st["quoted_in"][:8]))
     out = []
-    for (sha, b, c), v in figs.items():
+    for (sha, b, c, *_), v in figs.items():
         vals = sorted({x for x, _ in v})
         if len(vals) > 1:
             out.append(dict(commit=sha, batch=b, context=c, figures=v, spread=vals[-1] / vals[0] - 1))
@@ -1003,8 +1006,8 @@ def _later_section(s, later) -> list:
     out = [
         "## Fresh steps from the later history (2026-07-06..07-20), first predicted on 2026-12-04",
         "",
-        "The versions after 2026-07-03 quote no time, only ratios, which earlier rounds set aside. Read again, eleven "
-        "ratios come with enough of a shape to predict (`round` in the data file; each step's `note` says what is "
+        "The versions after 2026-07-03 quote mostly ratios, which earlier rounds set aside. Read again, "
+        f"{len(later)} steps come with enough of a shape to predict (`round` in the data file; each step's `note` says what is "
         "assumed):",
         "",
         "- four partition-count steps, from the comment 2154f0cf put on its split heuristic: the same kernel "
@@ -1013,7 +1016,13 @@ def _later_section(s, later) -> list:
         "- seven steps quoted as multiples of production's `pa_decode_ps_kernel` at the same shape ('vs baseline', "
         "'vs production'; production's time cancels): head_dim 64 (1f52610e), and multi-token decode with 64 query "
         "rows a KV head (M_TILES = 4), per-token and per-tensor scales, block 16 and 64, across two occupancy "
-        "cliffs (63e97d4b .. b1517f1c).",
+        "cliffs (63e97d4b .. b1517f1c);",
+        "- three absolute-time steps (a second read of the same history, round `2026-12-04b`): 81f14e5c quotes "
+        "'settled-GPU' times against its parent 1b3509bd for head_dim 64, per-token scales, 48 and 64 query rows a "
+        "KV head (M_TILES 3 and 4) at contexts 1027 and 8192; recorded (the commit after bc6c1b8) before they were "
+        "first predicted, with bc6c1b8's model unchanged. The message says 'occ 2 both ways'; the 0.2.4 build "
+        "gives 2 -> 3 workgroups a CU at M_TILES 3 (the after's 166 registers), so at least that one is not what "
+        "was measured, or the quote's 'occ' is the M4 case's.",
         "",
         "Protocol: the steps, their quotes, their shape assumptions and the flydsl release each is built with were "
         "committed (7cd83bc) before any of them was predicted; the model and the fit are 6db3a52's, unchanged (the "
@@ -1362,7 +1371,9 @@ def _report(s, rows, steps, data, later=()) -> str:
         "cannot be turned into a shape without inventing it; ROCm/FlyDSL commit messages on every other branch "
         "mentioning 'pa' since 2026-04 quote no paged-decode time. ROCm blogs and aiter's benchmarks were not "
         "searched (their kernels are not the seed versions this harness compiles). A later round read those ratios "
-        "again and found eleven steps it could state a shape for ('Fresh steps from the later history').",
+        "again and found eleven steps it could state a shape for, and a second read took 81f14e5c's three with the "
+        "batch ASSUMED (128, of its sweep's 3/128) and both block sizes predicted ('Fresh steps from the later "
+        "history').",
         "",
         "## Device: the quoted times are from an 80-CU MI308X, not a 304-CU MI300X",
         "",

@@ -456,13 +456,17 @@ def _harness():
 
 def test_the_later_history_steps_are_recorded_with_what_they_assume():
     later = [st for st in json.loads(DATA.read_text())["steps"] if st.get("round")]
-    assert len(later) == 11
+    assert len(later) == 14
     for st in later:
         assert re.fullmatch(r"0\.2\.[34]", st["flydsl"])  # the release of the version's date
         assert "ASSUMED" in st["note"] or "assumed" in st["note"] or "assume_block_sizes" in st
         assert set(st.get("assume_block_sizes", [16])) <= {16, 64}
         assert set(st.get("vgpr_quoted", {})) <= {"before", "after"}
     assert sum("ratio" in st for st in later) == 4 and sum("before_gap" in st for st in later) == 7
+    # 81f14e5c's three are absolute-time steps against its parent: both versions built, no forced count
+    abs_steps = [st for st in later if st["quoted_in"].startswith("81f14e5c")]
+    assert len(abs_steps) == 3 and all("before_us" in st and st["before_version"] != st["after_version"]
+                                       for st in abs_steps)
 
 
 def test_the_harness_predicts_a_later_step_under_each_assumption():
