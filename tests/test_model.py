@@ -125,7 +125,8 @@ def test_waitcnt_walk_hides_latency_behind_work():
 
 
 def test_fitted_constants_are_named_and_only_those_fit():
-    assert set(hw.FITTED) == {"hbm_efficiency", "mem_latency_cycles", "launch_us"}
+    assert set(hw.FITTED) == {"hbm_efficiency", "mem_latency_cycles", "launch_us", "cu_bytes_in_flight"}
+    assert hw.PRIORS["cu_bytes_in_flight"] == 0.0 == hw.HARDWARE["mi308x"].cu_bytes_in_flight  # off by default
     with pytest.raises(ValueError, match="FITTED"):
         hw.with_fitted(hw.HARDWARE["mi300x"], {"compute_units": 1})
     assert hw.with_fitted(hw.HARDWARE["mi300x"], {"launch_us": 3.0}).launch_us == 3.0
@@ -508,3 +509,39 @@ def test_the_report_predicts_every_later_step_with_builds_that_match_their_quote
     assert s["later_vgpr_checks"] >= 5 and s["later_vgpr_match"] == s["later_vgpr_checks"]
     if s["later_sign_ok"] < s["later_steps"]:
         assert s["verdict"] == "NOT MET"
+
+
+def test_a_cap_on_bytes_in_flight_charges_the_bytes_once_and_the_latency_per_wait():
+    """Little's law on one CU: with at most C bytes outstanding a batch of B bytes returns about
+    (B / C) latencies after it is sent; a loop that waits for K and V apart pays the latency twice
+    but the bytes once, so it costs less than twice a loop that waits for both together."""
+    h = hw.HARDWARE["mi308x"]
+    capped = dataclasses.replace(h, cu_bytes_in_flight=16384.0)
+    load = [("buffer_load_dwordx4", "v[0:3], v4, s[0:3], 0 offen")]
+    wait = [("s_waitcnt", "vmcnt(0)")]
+    lat, ta = h.mem_latency_cycles, 16 * 64 / h.ta_bytes_per_clk * 4
+    # no cap: 16 loads (4 KiB each across the workgroup's 4 waves) return one latency after the addresser
+    assert model.wave_profile(load * 16 + wait, h).vm_stall == pytest.approx(lat + 16 * ta - 16 * h.issue_interval)
+    # a 16 KiB cap keeps 4 in flight: the 16 return in 4 latencies
+    both = model.wave_profile(load * 16 + wait, capped)
+    assert both.cycles == pytest.approx(4 * lat + ta + 16 * h.issue_interval, rel=0.02)
+    apart = model.wave_profile(load * 8 + wait + load * 8 + wait, capped)
+    uncapped_apart = model.wave_profile(load * 8 + wait + load * 8 + wait, h)
+    assert apart.cycles == pytest.approx(both.cycles, rel=0.05)          # bytes-bound: waiting twice costs ~nothing
+    assert uncapped_apart.cycles > 1.8 * model.wave_profile(load * 16 + wait, h).cycles - 2 * 16 * ta
+    # a cap never makes a walk faster, and a larger cap is never slower than a smaller one
+    for n in (1, 4, 16):
+        walks = [model.wave_profile(load * n + wait, dataclasses.replace(h, cu_bytes_in_flight=c)).cycles
+                 for c in (4096.0, 16384.0, 65536.0)]
+        assert walks == sorted(walks, reverse=True)
+        assert walks[-1] >= model.wave_profile(load * n + wait, h).cycles - 1e-6
+
+
+def test_the_cap_on_bytes_in_flight_is_shared_by_the_resident_workgroups():
+    shape = DecodeShape(batch=128, context=16384, num_q_heads=8, num_kv_heads=1, head_dim=128, block_size=16)
+    base = _predict(shape, gpu=hw.HARDWARE["mi308x"], code=_code(workgroups_per_cu=3))
+    capped = _predict(shape, gpu=dataclasses.replace(hw.HARDWARE["mi308x"], cu_bytes_in_flight=8192.0),
+                      code=_code(workgroups_per_cu=3))
+    assert capped.predicted_us > base.predicted_us
+    assert "bytes_in_flight" in capped.details["round_terms"]
+    assert capped.predicted_us >= capped.floor_us

@@ -84,6 +84,12 @@ class Hardware:
     lds_latency_cycles: float = 64.0      # FITTED prior only (not fitted by default): ds_read to use
     smem_latency_cycles: float = 200.0    # FITTED prior only (not fitted by default): s_load to use
     launch_us: float = 2.0                # FITTED: per-kernel dispatch gap in a CUDA-graph replay
+    #: FITTED only by ``scripts/validate_model.py --memory-parallelism`` (prior 0: no limit, the
+    #: default model): bytes of vector-memory requests one CU keeps outstanding. By Little's law a CU
+    #: alone then receives at most this many bytes per memory latency, so a wait for a large batch of
+    #: loads costs the latency plus their bytes at that rate, and a loop that waits for K and V apart
+    #: pays the latency twice but the bytes once (model_validation.md, 'Memory-level parallelism')
+    cu_bytes_in_flight: float = 0.0
 
     @property
     def cus_per_xcd(self) -> int:
@@ -108,7 +114,7 @@ class Hardware:
 
 
 #: The constants the validation harness may fit (by name), and nothing else.
-FITTED = ("hbm_efficiency", "mem_latency_cycles", "launch_us")
+FITTED = ("hbm_efficiency", "mem_latency_cycles", "launch_us", "cu_bytes_in_flight")
 
 #: Where the fit starts (what we would guess without hardware): ~80% of peak HBM is what streaming
 #: reads reach on MI300X-class parts; ~1200 cycles (~570 ns) is our round figure for an HBM miss
@@ -124,7 +130,7 @@ FITTED = ("hbm_efficiency", "mem_latency_cycles", "launch_us")
 #: absorbs what the model does not see (how little the CU's units overlap, vL1D reuse, DRAM page
 #: locality, L2/TLB misses, the latency of dependent address chains), so read them as effective
 #: figures, not as hardware facts.
-PRIORS = dict(hbm_efficiency=0.80, mem_latency_cycles=1200.0, launch_us=2.0)
+PRIORS = dict(hbm_efficiency=0.80, mem_latency_cycles=1200.0, launch_us=2.0, cu_bytes_in_flight=0.0)
 
 HARDWARE: Dict[str, Hardware] = {
     "mi300x": Hardware(

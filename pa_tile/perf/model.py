@@ -50,7 +50,12 @@ the reduce kernel the same way (its walk x partitions, its bytes) plus another `
 The HBM floor (``roofline.time_floor``, peak bandwidth) is never beaten: the prediction is
 clamped to it, and the clamp is reported if it ever binds.
 
-Constants: ``pa_tile.perf.hw`` (each cited; the three FITTED ones named there).
+A CU's cap on the bytes of vector-memory requests it keeps outstanding (``hw.cu_bytes_in_flight``,
+Little's law) is modelled too, and off by default (0): with it a request waits at the addresser for room,
+and the resident workgroups share the cap as a fourth station of the mean-value analysis. Tried against the
+seed timings and not adopted (``model_validation.md``, 'Memory-level parallelism').
+
+Constants: ``pa_tile.perf.hw`` (each cited; the FITTED ones named there).
 """
 
 from __future__ import annotations
@@ -174,6 +179,13 @@ class _Walker:
         # workgroup, holds it that many times: an uncoalesced load returns that much later
         self.ta_cycles = vmem_segments * 64.0 / hw.ta_bytes_per_clk * ta_share
         self.vm: List[Tuple[float, int]] = []    # (completion time, bytes) in issue order
+        # the CU keeps at most ``cu_bytes_in_flight`` bytes of vector-memory requests outstanding
+        # (0: no limit); a request past it leaves the addresser only when an earlier one returns
+        # (Little's law: the CU's own bandwidth is at most that many bytes per latency)
+        self.flight_cap = hw.cu_bytes_in_flight
+        self.request_bytes = vmem_segments * 64.0 * ta_share
+        self.flight: List[Tuple[float, float]] = []  # (return time, bytes), in return order
+        self.last_sent = 0.0
         self.lgkm: List[float] = []
 
     def step(self, mn: str, ops: str, prof: WaveProfile) -> None:
@@ -239,7 +251,10 @@ class _Walker:
             nb = _mem_bytes(mn)
             ta_start = max(issue, self.free["ta"])
             self.free["ta"] = ta_start + self.ta_cycles
-            self.vm.append((self.free["ta"] + hw.mem_latency_cycles, nb))
+            sent = self._admit(self.free["ta"]) if self.flight_cap > 0 else self.free["ta"]
+            self.vm.append((sent + hw.mem_latency_cycles, nb))
+            if self.flight_cap > 0:
+                self.flight.append((sent + hw.mem_latency_cycles, self.request_bytes))
             prof.vmem += 1
             prof.max_vm_bytes_in_flight = max(prof.max_vm_bytes_in_flight, sum(b for _, b in self.vm))
         elif fam == "smem":
@@ -249,6 +264,17 @@ class _Walker:
             prof.scalar += 1
         self.t = issue + hw.issue_interval
         prof.issue_cycles += self.t - start
+
+
+    def _admit(self, ready: float) -> float:
+        """When a request ready at ``ready`` enters the memory system: once the bytes still in
+        flight leave room for it under the CU's cap (a request larger than the cap goes alone)."""
+        sent = max(ready, self.last_sent)  # requests leave the addresser in order
+        self.flight = [f for f in self.flight if f[0] > sent]
+        while self.flight and sum(b for _, b in self.flight) + self.request_bytes > self.flight_cap:
+            sent = max(sent, self.flight.pop(0)[0])
+        self.last_sent = sent
+        return sent
 
 
 def _walk(walker: _Walker, instrs: Sequence[Tuple[str, str]]) -> WaveProfile:
@@ -999,7 +1025,16 @@ def predict(*, shape: DecodeShape, hw, per_tile: Dict[str, float], fixed: Dict[s
     # with the rest (fewer workgroups share the CU's issue slots, LDS and addresser)
     gen_sizes = [r_max] * (per_cu // r_max) + ([per_cu % r_max] if per_cu % r_max else [])
 
-    demands = (simd_busy, lds_cu, ta_cu)
+    # the CU's outstanding-request cap (hw.cu_bytes_in_flight, 0: none) is a server too: a
+    # workgroup's tile holds its bytes in it for one (loaded) latency, so R workgroups share it
+    flight_bytes = ta_cu * hwc.ta_bytes_per_clk
+
+    def demands_at(u):
+        if hwc.cu_bytes_in_flight <= 0:
+            return (simd_busy, lds_cu, ta_cu)
+        return (simd_busy, lds_cu, ta_cu, flight_bytes * lat0 / (1.0 - u) / hwc.cu_bytes_in_flight)
+
+    demands = demands_at(0.0)
 
     def round_of(lt, r):
         if CU_CONTENTION == "mva":
@@ -1016,8 +1051,12 @@ def predict(*, shape: DecodeShape, hw, per_tile: Dict[str, float], fixed: Dict[s
         slots = _slot_loads(grid, ys, hwc, r_max, round_of(lt0, R), f0)
 
     def evaluate(u):
+        nonlocal demands
+        demands = demands_at(u)
         lt, fx = loaded(u)
         cand = dict(latency=lt, issue=R * simd_busy, lds=R * lds_cu, vmem_addresser=R * ta_cu)
+        if len(demands) > 3:
+            cand["bytes_in_flight"] = R * demands[3]
         rc = round_of(lt, R)
         t_cu_ = 0.0
         if slots is None:
@@ -1074,7 +1113,8 @@ def predict(*, shape: DecodeShape, hw, per_tile: Dict[str, float], fixed: Dict[s
     else:
         bound = {"latency": "memory latency (per-wave)" if L_vm > 0.3 * L_tile else "per-wave issue latency",
                  "issue": f"issue ({max(simd, key=simd.get)})", "lds": "lds bandwidth",
-                 "vmem_addresser": "vector memory addresser (coalescing)"}[round_bound]
+                 "vmem_addresser": "vector memory addresser (coalescing)",
+                 "bytes_in_flight": "the CU's outstanding requests (memory-level parallelism)"}[round_bound]
     if launch + t_reduce > t_main:
         bound += " + launch/reduce overhead dominant"
     details = dict(
