@@ -38,12 +38,13 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import matplotlib.pyplot as plt
 
 from pa_tile import backend, figures, stages
-from pa_tile.perf import adapters, bench, roofline, stage_metrics
+from pa_tile.perf import adapters, bench, roofline, stage_metrics, validation
 from pa_tile.perf._table import format_rows
 
 ROOT = Path.cwd().parent if Path.cwd().name == "notebooks" else Path.cwd()
@@ -288,12 +289,12 @@ else:
 # register counts their messages quote. They are the fresh test of this model. The figures:
 
 # %%
-validation = json.loads((ROOT / "pa_tile" / "data" / "model_validation.json").read_text())
-vs = validation["summary"]
+seed_report = json.loads((ROOT / "pa_tile" / "data" / "model_validation.json").read_text())
+vs = seed_report["summary"]
 print(f"model validation against {vs['points']} quoted gfx942 (MI308X) times ({vs['held_out']} held out, "
       f"{vs['fit_points']} used to fit {', '.join(vs['fitted'])}):")
 print(f"  held-out points within 15 %: {vs['held_within_15']}/{vs['held_out']}, median |error| "
-      f"{vs['held_median_abs_err']:.0%}, worst {max(abs(r['err']) for r in validation['rows'] if r['role'] == 'held-out'):.0%}")
+      f"{vs['held_median_abs_err']:.0%}, worst {max(abs(r['err']) for r in seed_report['rows'] if r['role'] == 'held-out'):.0%}")
 print(f"  Spearman rank correlation (held out): {vs['spearman_held']:.2f}; "
       f"before->after steps predicted in the right direction: {vs['steps_sign_ok']}/{vs['steps']}")
 print(f"  fresh points only: {vs['fresh_within_15']}/{vs['fresh_points']} within 15 %, median |error| "
@@ -352,7 +353,7 @@ for name in usable:
         row.setdefault("serial lat/tile", f"{p.details['latency_exposures_per_tile']:.1f}")
     prow.append(row)
 floors = {gpu: roofline.time_floor(PRED_SHAPE, gpu).time_us for gpu in PRED_GPUS if gpu in roofline.GPUS}
-up = next((r for r in validation["rows"] if r["commit"].startswith("ecbc2d6b") and r["batch"] == 16), None)
+up = next((r for r in seed_report["rows"] if r["commit"].startswith("ecbc2d6b") and r["batch"] == 16), None)
 print(f"PREDICTED by pa_tile.perf.model (not measured): {PRED_SHAPE.label}")
 print(format_rows(prow))
 print("HBM floor (roofline): " + ", ".join(f"{g} {v:.1f} µs" for g, v in floors.items()))
@@ -420,8 +421,11 @@ else:
 
 # %% [markdown]
 # Recorded results: every `results/bench-*.json` written by a real run of the harness (on this
-# machine or committed from one) is shown below with its plots. If there is none, there is
-# nothing to show; no figure is ever made up.
+# machine or committed from one) is shown below with its plots, and beside them the timing
+# model's prediction of every stage it timed, at the same shape on the same device
+# (`python -m pa_tile validate FILE`, `pa_tile.perf.validation`): the first test of the model
+# against pa_tile's own kernels on hardware. If there is no file, there is nothing to show; no
+# figure is ever made up.
 
 # %% tags=["nbval-ignore-output"]
 files = sorted(glob.glob(str(results_dir / "bench-*.json")))
@@ -436,9 +440,19 @@ for f in files:
         continue
     print(Path(f).name)
     print(bench.format_results(res))
-    fig, axs = plt.subplots(1, 2, figsize=(13, 4))
+    fig, axs = plt.subplots(1, 3, figsize=(19, 4.5))
     bench.plot_time(res, head_dim=128, ax=axs[0])
     bench.plot_bandwidth(res, head_dim=128, ax=axs[1])
+    # the model beside these timings, predicted in a process of its own: the model samples its
+    # kernels in the emulator, which a process that launched on the GPU cannot switch to
+    with tempfile.TemporaryDirectory() as tmp:
+        env = {k: v for k, v in os.environ.items() if k != "PA_TILE_SIMULATE_GPU"}
+        run = subprocess.run([sys.executable, "-m", "pa_tile", "validate", f, "--json", f"{tmp}/rows.json"],
+                             env=dict(env, PA_TILE_BACKEND="emu"), capture_output=True, text=True)
+        print(run.stdout if run.returncode == 0 else f"pa_tile validate failed: {run.stderr.strip()[-400:]}")
+        if run.returncode == 0:
+            rows = json.loads(Path(tmp, "rows.json").read_text())["rows"]
+            validation.plot([validation.Comparison.from_dict(r) for r in rows], ax=axs[2])
     plt.show()
 
 # %% [markdown]

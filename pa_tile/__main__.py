@@ -2,7 +2,9 @@
 
 Subcommands: ``isa`` (static facts of the compiled code, or a diff), ``check`` (run a kernel
 against the reference), ``trace`` (memory-access report from the emulator), ``bench`` (GPU
-timings; needs a ROCm GPU), ``roofline`` (bytes, flops and time floors). ``--kernel tiny``
+timings; needs a ROCm GPU), ``roofline`` (bytes, flops and time floors), ``predict`` (the timing
+model's time for a stage and shape), ``validate`` (the timing model against a ``bench`` results file),
+``overhead`` (host time per call). ``--kernel tiny``
 selects ``pa_tile.tiny_kernels.scale_add`` instead of a stage. Exit codes: 0 success, 1 a
 check failed, 2 bad arguments or an environment that cannot do what was asked.
 """
@@ -12,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import List, Optional, Sequence
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
@@ -386,8 +389,8 @@ def cmd_overhead(args) -> int:
 # predict (the timing model, pa_tile.perf.model)
 
 
-def _add_predict_parser(sub) -> None:
-    s = sub.add_parser("predict", help="PREDICTED kernel time on MI300X / MI355X from the timing model "
+def _add_predict_parser(add_parser) -> None:
+    s = add_parser("predict", help="PREDICTED kernel time on MI300X / MI355X from the timing model "
                                        "(compiled code + an emulated sample), with the HBM floor",
                        description="Predict one stage's kernel time at a problem shape with pa_tile.perf.model: "
                                    "it emulates one sequence of one KV head at two short contexts, walks the "
@@ -395,7 +398,8 @@ def _add_predict_parser(sub) -> None:
                                    "waves, HBM and the reduce kernel. A model, not a measurement (its validation: "
                                    "pa_tile/data/model_validation.md). Last line: predicted_us=<float> floor_us=<float>.")
     s.add_argument("--stage", metavar="NAME", required=True, help=_stage_help())
-    s.add_argument("--gpu", choices=["mi300x", "mi355x"], default="mi300x", help="default mi300x")
+    s.add_argument("--gpu", choices=["mi300x", "mi308x", "mi355x"], default="mi300x",
+                   help="default mi300x; mi308x (80 CUs) is the part the model's validation timings were measured on")
     _add_shape(s)
     s.add_argument("--partitions", type=_pos_int, help="split-K count (default: the stage's own choice)")
     s.add_argument("--schedule", choices=["balanced", "uniform"],
@@ -418,6 +422,37 @@ def cmd_predict(args) -> int:
         print(f"predicted_us={pred.predicted_us:.3f} floor_us={pred.floor_us:.3f}")
     else:
         print(model.format_prediction(pred))
+    return EXIT_OK
+
+
+def _add_validate_parser(add_parser) -> None:
+    s = add_parser("validate", help="the timing model against your measurements: every stage timed in a "
+                                        "`pa_tile bench` results file, PREDICTED beside MEASURED",
+                       description="Predict every stage launch a `pa_tile bench` results file timed (status ok), at "
+                                   "its shape, on the GPU it ran on (by device name, else arch; its CU count as "
+                                   "recorded), with pa_tile.perf.model, and print both with the error. Runs the "
+                                   "model's samples in the emulator, in this process. Last line: "
+                                   "within_15=<n>/<points> median_abs_err=<float>.")
+    s.add_argument("results", metavar="FILE", help="a results JSON written by `python -m pa_tile bench --out FILE`")
+    s.add_argument("--stages", metavar="NAMES", help="comma-separated stages to compare (default: every stage timed)")
+    s.add_argument("--json", metavar="OUT", help="also write the comparison rows and summary as JSON to OUT")
+    s.set_defaults(func=cmd_validate)
+
+
+def cmd_validate(args) -> int:
+    from . import backend
+    from .perf import bench, validation
+
+    backend.set_backend("emu")  # the model's samples run in the emulator
+    data = bench.load_results(args.results)
+    stages = [_check_stage(n) for n in args.stages.split(",")] if args.stages else None
+    _, note = validation.model_hardware(data)
+    rows = validation.compare(data, stages=stages)
+    print(validation.format_comparison(rows, note=f"{args.results}: measured on {note}; PREDICTED by pa_tile.perf.model"))
+    s = validation.summary(rows)
+    if args.json:
+        Path(args.json).write_text(json.dumps(dict(note=note, summary=s, rows=[r.to_dict() for r in rows]), indent=1))
+    print(f"within_15={s['within']}/{s['points']} median_abs_err={s['median_abs_err']:.4f}")
     return EXIT_OK
 
 
@@ -465,7 +500,8 @@ def build_parser() -> argparse.ArgumentParser:
                "  python -m pa_tile check --stage s2 --context 300,129\n"
                "  python -m pa_tile trace --stage s2 --arch gfx950\n"
                "  python -m pa_tile roofline --batch 1,64 --context 2048,16384\n"
-               "  python -m pa_tile bench --shapes quick --out bench.json   (ROCm GPU only)",
+               "  python -m pa_tile bench --shapes quick --out bench.json   (ROCm GPU only)\n"
+               "  python -m pa_tile validate bench.json   (the timing model against those timings)",
         formatter_class=_MainHelpFormatter,
     )
     p.add_argument("--version", action="version", version=f"pa_tile {__version__}")
@@ -564,7 +600,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--repeats", type=_pos_int, default=5, help="samples (the median is reported)")
     s.add_argument("--json", action="store_true", help="print JSON instead of a report")
     s.set_defaults(func=cmd_overhead)
-    _add_predict_parser(sub)
+    _add_predict_parser(add_parser)
+    _add_validate_parser(add_parser)
     return p
 
 

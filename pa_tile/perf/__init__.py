@@ -7,13 +7,15 @@ emulator memory-access report, and the per-stage adapters they share.
 * ``checks``    output-vs-reference error metrics and tolerances.
 * ``tracing``   memory-access report from the emulator's ``Trace``.
 * ``bench``     timings on a ROCm GPU (refuses to time anywhere else), results as JSON, plots.
+* ``model``, ``hw``  the timing model (a prediction, never a timing) and its cited constants.
+* ``validation``  the timing model against a ``bench`` results file, point by point.
 
 Submodules are imported on demand; none of them needs a GPU to import.
 """
 
 import importlib as _importlib
 
-_SUBMODULES = ("roofline", "baseline", "adapters", "checks", "tracing", "bench")
+_SUBMODULES = ("roofline", "baseline", "adapters", "checks", "tracing", "bench", "model", "hw", "validation")
 
 
 def __getattr__(name):
