@@ -39,7 +39,8 @@ flight too with ``--memory-parallelism``; grid search on the mean
 |log(predicted/measured)|) on every third point of the versions 0.5.0 builds (at most a third of
 all points; the fallback-built versions' points are all held out and reported apart as fresh), and
 the report gives the held-out per-point error, the sign agreement of every quoted before->after
-step, Spearman's rank correlation and the errors by latency regime, written to ``--out``
+step, Spearman's rank correlation and the errors by latency regime (and the same figures with the fit
+on each of the other two thirds: a three-fold cross-validation), written to ``--out``
 (markdown) and ``--json``.
 """
 
@@ -566,31 +567,6 @@ def cu_count_statements(cus: int) -> dict:
     }
 
 
-def _spearman(xs, ys) -> float:
-    def ranks(v):
-        order = sorted(range(len(v)), key=lambda i: v[i])
-        r = [0.0] * len(v)
-        i = 0
-        while i < len(order):
-            j = i
-            while j + 1 < len(order) and v[order[j + 1]] == v[order[i]]:
-                j += 1
-            for k in range(i, j + 1):
-                r[order[k]] = (i + j) / 2 + 1
-            i = j + 1
-        return r
-
-    rx, ry = ranks(xs), ranks(ys)
-    n = len(xs)
-    if n < 2:
-        return float("nan")
-    mx, my = sum(rx) / n, sum(ry) / n
-    cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
-    vx = math.sqrt(sum((a - mx) ** 2 for a in rx))
-    vy = math.sqrt(sum((b - my) ** 2 for b in ry))
-    return cov / (vx * vy) if vx and vy else float("nan")
-
-
 #: The fit's search grid. Widened for issue 14's follow-up (after seeing the held-out errors of the
 #: previous report, which fitted mem_latency_cycles at the old top, 6400, and launch_us at the old
 #: bottom, 1 us): hbm_efficiency 0.30-0.95, latency 200-12800 cycles, launch 0.25-16 us, so that a
@@ -652,6 +628,7 @@ def main(argv=None) -> int:
     if not args.flydsl:
         ap.error("--flydsl PATH is required")
     from pa_tile.perf import model as _model
+    from pa_tile.perf.validation import spearman
 
     global GPU
     GPU = args.gpu
@@ -718,7 +695,6 @@ def main(argv=None) -> int:
     # rule was fixed (committed before their first run); all of them are held out, and reported apart
     # as the only held-out points no earlier model change was made after seeing.
     fresh = {sha for sha in ok if results[sha].get("flydsl", "flydsl 0.5.0") != "flydsl 0.5.0"}
-    fit_set = [p for p in usable if p["commit"] not in fresh][args.fit_offset::3]
 
     def loss(ov, pts):
         errs = [abs(math.log(_predict_point(results[p["commit"]], p["shape"], ov)["predicted_us"] / p["measured_us"]))
@@ -731,60 +707,73 @@ def main(argv=None) -> int:
     if lo_eff is not None and min(GRID["hbm_efficiency"]) < lo_eff[0]:
         raise SystemExit(f"GRID hbm_efficiency starts below what the production kernel achieved ({lo_eff[0]:.2f})")
     priors = dict(hwm.PRIORS)
-    best, best_loss = dict(priors), loss(priors, fit_set) if fit_set else float("nan")
-    prior_loss = best_loss
-    if fit_set:
-        for combo in itertools.product(*GRID.values()):
-            ov = dict(zip(GRID, combo))
-            lo_ = loss(ov, fit_set)
-            if lo_ < best_loss:
-                best, best_loss = ov, lo_
-    log(f"fitted on {len(fit_set)} points: {best} (mean |log err| {prior_loss:.3f} at priors -> {best_loss:.3f})")
 
-    rows = []
-    for p in usable:
-        r = _predict_point(results[p["commit"]], p["shape"], best)
-        r0 = _predict_point(results[p["commit"]], p["shape"], priors)
-        rows.append(dict(commit=p["commit"], batch=p["shape"]["batch"], context=p["shape"]["context"],
-                         measured_us=p["measured_us"], predicted_us=r["predicted_us"], prior_us=r0["predicted_us"],
-                         floor_us=r["floor_us"], err=r["predicted_us"] / p["measured_us"] - 1, bound=r["bound"],
-                         partitions=r["partitions"], occ=r["occupancy_wgs"], vgpr=r["vgpr"],
-                         role="fit" if p in fit_set else "held-out", fresh=p["commit"] in fresh,
-                         flydsl=results[p["commit"]].get("flydsl", "flydsl 0.5.0"),
-                         quote=p["quote"], quoted_in=p["quoted_in"],
-                         demands=r["demands"], tiles=r["tiles"], per_cu=r["per_cu"], resident=r["resident"],
-                         overhead_us=r["overhead_us"], exposures=r["exposures"], walk_scale=r["walk_scale"],
-                         zero_latency_tile_cycles=r["zero_latency_tile_cycles"], fixed_cycles=r["fixed_cycles"]))
-    held_rows = [r for r in rows if r["role"] == "held-out"]
-    steps = []
-    for st in old_steps:
-        if st["before_version"] in ok and st["after_version"] in ok:
-            mr = measured_ratio(st)
-            pa_ = _predict_point(results[st["after_version"]], st["shape"], best)
-            pb_ = _predict_point(results[st["before_version"]], st["shape"], best)
-            pr = pa_["predicted_us"] / pb_["predicted_us"]
-            same = _same_direction(mr, pr)
-            steps.append(dict(quoted_in=st["quoted_in"], batch=st["shape"]["batch"], context=st["shape"]["context"],
-                              measured_ratio=mr, predicted_ratio=pr, sign_ok=bool(same), subject=st["subject"],
-                              before=st["before_version"], after=st["after_version"], gap=bool(st.get("before_gap")),
-                              serial=_serial(pa_) and _serial(pb_),
-                              fresh=st["before_version"] in fresh or st["after_version"] in fresh))
-    later = _later_steps(new_steps, late, best)
-    summary = dict(
-        versions=len(order), versions_ok=len(ok), points=len(usable), fit_points=len(fit_set),
-        held_out=len(held_rows), fitted={k: v for k, v in best.items() if len(GRID[k]) > 1},
-        held_constants={k: v for k, v in best.items() if len(GRID[k]) == 1}, priors=priors,
-        held_within_15=sum(abs(r["err"]) <= 0.15 for r in held_rows),
-        held_median_abs_err=sorted(abs(r["err"]) for r in held_rows)[len(held_rows) // 2] if held_rows else float("nan"),
-        held_mean_abs_err=sum(abs(r["err"]) for r in held_rows) / max(1, len(held_rows)),
-        spearman_held=_spearman([r["predicted_us"] for r in held_rows], [r["measured_us"] for r in held_rows]),
-        spearman_all=_spearman([r["predicted_us"] for r in rows], [r["measured_us"] for r in rows]),
-        steps=len(steps), steps_sign_ok=sum(s["sign_ok"] for s in steps),
-        **_fresh_summary(rows, steps), latency_regime=_latency_regime(rows, steps),
-        **_later_summary(later, late),
-        failures={sha[:8]: (r.get("error") or "")[-400:] for sha, r in results.items() if r.get("error")}
-        | {f"{k[0][:8]}{k[1]}": (r.get("error") or "")[-400:] for k, r in late.items() if r.get("error")},
-    )
+    def evaluate(offset):
+        """Fit on every third point from ``offset`` of the 0.5.0-built versions, hold out the rest."""
+        fit_set = [p for p in usable if p["commit"] not in fresh][offset::3]
+        best, best_loss = dict(priors), loss(priors, fit_set) if fit_set else float("nan")
+        prior_loss = best_loss
+        if fit_set:
+            for combo in itertools.product(*GRID.values()):
+                ov = dict(zip(GRID, combo))
+                lo_ = loss(ov, fit_set)
+                if lo_ < best_loss:
+                    best, best_loss = ov, lo_
+        log(f"fold {offset}: fitted on {len(fit_set)} points: {best} "
+            f"(mean |log err| {prior_loss:.3f} at priors -> {best_loss:.3f})")
+
+        rows = []
+        for p in usable:
+            r = _predict_point(results[p["commit"]], p["shape"], best)
+            r0 = _predict_point(results[p["commit"]], p["shape"], priors)
+            rows.append(dict(commit=p["commit"], batch=p["shape"]["batch"], context=p["shape"]["context"],
+                             measured_us=p["measured_us"], predicted_us=r["predicted_us"], prior_us=r0["predicted_us"],
+                             floor_us=r["floor_us"], err=r["predicted_us"] / p["measured_us"] - 1, bound=r["bound"],
+                             partitions=r["partitions"], occ=r["occupancy_wgs"], vgpr=r["vgpr"],
+                             role="fit" if p in fit_set else "held-out", fresh=p["commit"] in fresh,
+                             flydsl=results[p["commit"]].get("flydsl", "flydsl 0.5.0"),
+                             quote=p["quote"], quoted_in=p["quoted_in"],
+                             demands=r["demands"], tiles=r["tiles"], per_cu=r["per_cu"], resident=r["resident"],
+                             overhead_us=r["overhead_us"], exposures=r["exposures"], walk_scale=r["walk_scale"],
+                             zero_latency_tile_cycles=r["zero_latency_tile_cycles"], fixed_cycles=r["fixed_cycles"]))
+        held_rows = [r for r in rows if r["role"] == "held-out"]
+        steps = []
+        for st in old_steps:
+            if st["before_version"] in ok and st["after_version"] in ok:
+                mr = measured_ratio(st)
+                pa_ = _predict_point(results[st["after_version"]], st["shape"], best)
+                pb_ = _predict_point(results[st["before_version"]], st["shape"], best)
+                pr = pa_["predicted_us"] / pb_["predicted_us"]
+                same = _same_direction(mr, pr)
+                steps.append(dict(quoted_in=st["quoted_in"], batch=st["shape"]["batch"], context=st["shape"]["context"],
+                                  measured_ratio=mr, predicted_ratio=pr, sign_ok=bool(same), subject=st["subject"],
+                                  before=st["before_version"], after=st["after_version"], gap=bool(st.get("before_gap")),
+                                  serial=_serial(pa_) and _serial(pb_),
+                                  fresh=st["before_version"] in fresh or st["after_version"] in fresh))
+        later = _later_steps(new_steps, late, best)
+        summary = dict(
+            versions=len(order), versions_ok=len(ok), points=len(usable), fit_points=len(fit_set),
+            held_out=len(held_rows), fitted={k: v for k, v in best.items() if len(GRID[k]) > 1},
+            held_constants={k: v for k, v in best.items() if len(GRID[k]) == 1}, priors=priors,
+            held_within_15=sum(abs(r["err"]) <= 0.15 for r in held_rows),
+            held_median_abs_err=sorted(abs(r["err"]) for r in held_rows)[len(held_rows) // 2] if held_rows else float("nan"),
+            held_mean_abs_err=sum(abs(r["err"]) for r in held_rows) / max(1, len(held_rows)),
+            spearman_held=spearman([r["predicted_us"] for r in held_rows], [r["measured_us"] for r in held_rows]),
+            spearman_all=spearman([r["predicted_us"] for r in rows], [r["measured_us"] for r in rows]),
+            steps=len(steps), steps_sign_ok=sum(s["sign_ok"] for s in steps),
+            **_fresh_summary(rows, steps), latency_regime=_latency_regime(rows, steps),
+            **_later_summary(later, late),
+            failures={sha[:8]: (r.get("error") or "")[-400:] for sha, r in results.items() if r.get("error")}
+            | {f"{k[0][:8]}{k[1]}": (r.get("error") or "")[-400:] for k, r in late.items() if r.get("error")},
+        )
+        return best, rows, steps, later, summary
+
+    best, rows, steps, later, summary = evaluate(args.fit_offset)
+    # the other two folds of a three-fold cross-validation, the same model form and grid
+    summary["fit_offset"] = args.fit_offset
+    summary["folds"] = {str(args.fit_offset): _fold_figures(summary)}
+    for other in (o for o in range(3) if o != args.fit_offset):
+        summary["folds"][str(other)] = _fold_figures(evaluate(other)[4])
     summary["verdict"] = _verdict(summary)
     summary["loaded_latency"] = args.loaded_latency
     summary["cu_contention"] = args.cu_contention
@@ -868,6 +857,45 @@ def _later_steps(new_steps, late, fitted) -> list:
     return rows
 
 
+_FOLD_KEYS = ("fitted", "fit_points", "held_out", "held_within_15", "held_median_abs_err", "spearman_held", "steps",
+              "steps_sign_ok", "fresh_points", "fresh_within_15", "later_built", "later_sign_ok", "later_within_15",
+              "later_median_ratio_err")
+
+
+def _fold_figures(summary) -> dict:
+    """What one fold of the cross-validation reports: its fit and its held-out figures."""
+    return {k: summary[k] for k in _FOLD_KEYS if k in summary}
+
+
+def _folds_section(s) -> list:
+    folds = s.get("folds") or {}
+    if len(folds) < 2:
+        return []
+    names = list(s["fitted"])
+    out = [
+        "## Cross-validation: the fit on each third",
+        "",
+        "The fit rule takes every third of the points the flydsl 0.5.0 builds give (the same 11 points in every "
+        "round: fold 0). The same fit on the other two thirds (folds 1 and 2, `--fit-offset`), each holding out "
+        "the rest, the fresh points and every step, says how much the figures above owe to which points were "
+        f"fitted. The report above is fold {s.get('fit_offset', 0)}.",
+        "",
+        "| fold | fitted " + " / ".join(names) + " | held-out within 15% | median abs error | Spearman held-out | "
+        "quoted steps right | fresh within 15% | later steps right, within 15%, median abs ratio error |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for k in sorted(folds):
+        f = folds[k]
+        fit = " / ".join(f"{f['fitted'].get(n, float('nan')):g}" for n in names)
+        out.append(f"| {k} | {fit} | "
+                   f"{f['held_within_15']}/{f['held_out']} | {f['held_median_abs_err']:.1%} | {f['spearman_held']:.3f} | "
+                   f"{f['steps_sign_ok']}/{f['steps']} | {f.get('fresh_within_15', 0)}/{f.get('fresh_points', 0)} | "
+                   f"{f.get('later_sign_ok', 0)}/{f.get('later_built', 0)}, {f.get('later_within_15', 0)}/"
+                   f"{f.get('later_built', 0)}, {f.get('later_median_ratio_err', float('nan')):.0%} |")
+    out.append("")
+    return out
+
+
 def _later_summary(later, late) -> dict:
     built = [r for r in later if r["built"]]
     errs = sorted(abs(a["ratio_err"]) for r in built for a in r["alternatives"])
@@ -892,6 +920,7 @@ def measured_ratio(st) -> float:
 
 def _fresh_summary(rows, steps) -> dict:
     """The held-out figures of the fresh points alone (and of the steps that touch them)."""
+    from pa_tile.perf.validation import spearman
 
     fr = [r for r in rows if r["fresh"]]
     fs = [s for s in steps if s["fresh"]]
@@ -900,7 +929,7 @@ def _fresh_summary(rows, steps) -> dict:
         fresh_versions=sorted({r["commit"][:8] for r in fr}), fresh_flydsl=sorted({r["flydsl"] for r in fr}),
         fresh_points=len(fr), fresh_within_15=sum(e <= 0.15 for e in errs),
         fresh_median_abs_err=errs[len(errs) // 2] if errs else float("nan"),
-        spearman_fresh=_spearman([r["predicted_us"] for r in fr], [r["measured_us"] for r in fr]) if len(fr) > 1
+        spearman_fresh=spearman([r["predicted_us"] for r in fr], [r["measured_us"] for r in fr]) if len(fr) > 1
         else float("nan"),
         fresh_steps=len(fs), fresh_steps_sign_ok=sum(s["sign_ok"] for s in fs))
 
@@ -1206,8 +1235,9 @@ def _mlp_section() -> list:
         "`--memory-parallelism` fits it with the other three on the same points (grid 32 KiB-2 MiB and 0; the first "
         "grid, 8-128 KiB, fitted its top, and was widened after seeing that). Nothing else changed.",
         "",
-        "Three-fold cross-validation (`--fit-offset 0/1/2`: the fit on each third of the 34 points the 0.5.0 "
-        "builds give, the rest held out; the fresh points and steps are held out in every fold). Figures: held-out "
+        "Three-fold cross-validation ('Cross-validation' above: the no-cap column is what this run prints there, "
+        "the cap column what a `--memory-parallelism` run prints there; the fresh points and steps are held out in "
+        "every fold). Figures: held-out "
         "within 15% / median |error| / Spearman held-out / quoted steps right / later-history steps right, "
         "within 15%, median |ratio error|; fitted hbm_efficiency / mem_latency_cycles / launch_us / cap:",
         "",
@@ -1359,6 +1389,10 @@ def _report(s, rows, steps, data, later=()) -> str:
         f"- Spearman rank correlation, held-out: {s['spearman_held']:.3f}; all points: {s['spearman_all']:.3f}",
         *_fresh_lines(s),
         f"- quoted before->after steps with the right direction: {s['steps_sign_ok']}/{s['steps']}",
+        *([f"- three-fold cross-validation (the same fit on each third, 'Cross-validation'): held-out within 15% "
+           + ", ".join(f"{f['held_within_15']}/{f['held_out']}" for _, f in sorted(s["folds"].items()))
+           + "; quoted steps right " + ", ".join(f"{f['steps_sign_ok']}/{f['steps']}" for _, f in sorted(s["folds"].items()))]
+          if len(s.get("folds") or {}) > 1 else []),
         *_later_lines(s),
         "- held-out points outside 15%: " + (", ".join(f"`{r['commit'][:8]}` b{r['batch']} {r['err']:+.0%}"
                                                        for r in rows if r["role"] == "held-out" and abs(r["err"]) > 0.15)
@@ -1377,6 +1411,7 @@ def _report(s, rows, steps, data, later=()) -> str:
         f"`{s.get('utilisation_of', 'achievable')}` bandwidth (pa_tile.perf.model.UTILISATION_OF)",
         "",
         *_later_section(s, later),
+        *_folds_section(s),
         *_mlp_section(),
         *_walk_section(s, rows),
         *_fresh_section(s, rows, steps),

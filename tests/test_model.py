@@ -166,6 +166,10 @@ def test_predict_verb_prints_the_contract_line(capsys):
     assert "PREDICTED" in out[0] and any(line.startswith("bound:") for line in out)
     m = re.fullmatch(r"predicted_us=(\d+\.\d+) floor_us=(\d+\.\d+)", out[-1])
     assert m and float(m.group(1)) >= float(m.group(2)) > 0
+    # the part the validation timings come from is a choice too
+    assert main(["predict", "--stage", "s6", "--gpu", "mi308x", "--batch", "4", "--context", "2048", "--q-heads", "8",
+                 "--kv-heads", "1"]) == 0
+    assert "MI308X" in capsys.readouterr().out
 
 
 ASM = """\
@@ -430,6 +434,14 @@ def test_validation_report_holds_the_fresh_points_out_of_the_fit():
     assert summary["fresh_steps"] == sum(st["fresh"] for st in rep["steps"])
     lo, hi = reg["fit_exposures"]
     assert lo == min(r["exposures"] for r in fit) and hi == max(r["exposures"] for r in fit)
+    # three folds: the reported one is the summary's, each fits at most a third and holds out the rest
+    folds = summary["folds"]
+    assert sorted(folds) == ["0", "1", "2"] and summary["fit_offset"] == 0
+    assert folds["0"]["fitted"] == summary["fitted"] and folds["0"]["held_within_15"] == summary["held_within_15"]
+    for f in folds.values():
+        assert 3 * f["fit_points"] <= summary["points"] and f["held_out"] == summary["points"] - f["fit_points"]
+        assert f["fresh_points"] == summary["fresh_points"]  # the fresh points are held out in every fold
+    assert "## Cross-validation: the fit on each third" in (DATA.parent / "model_validation.md").read_text()
 
 
 def test_the_harness_relaxes_the_emulator_hook_only_below_its_supported_flydsl():
