@@ -1257,7 +1257,11 @@ def _mlp_section() -> list:
         "folds (cap 64 KiB-512 KiB, latency 800-4800 cycles, launch 1-8 us): four constants on eleven points are "
         "not identified by these data. Fold 2's fit sizes the later history's gains best (median 9%) and gets "
         "three of their directions wrong. The earliest versions at batch 16 stay the worst points with the cap "
-        "too (+27% to +40% in fold 0). So the default stays without a cap; the mechanism stays in the model, off, "
+        "too (+27% to +40% in fold 0). Tried as well, not kept (a quick variant, not a flag of this script): the cap "
+        "in the walk alone, each workgroup with its own and no shared station: worse in every fold (held-out 24, 26, "
+        "28 of 34; steps 27, 26, 27 of 33) and the batch-16 points still +55% to +82%, so what the shared form gains "
+        "comes from the lower latency it fits once the station carries the loaded throughput, not from the bytes a "
+        "lone workgroup keeps in flight. So the default stays without a cap; the mechanism stays in the model, off, "
         "for a hardware measurement to decide (a per-CU bandwidth-vs-bytes-in-flight microbenchmark would fix "
         "the cap without fitting it). Rerun: `python scripts/validate_model.py --flydsl PATH --memory-parallelism "
         "[--fit-offset 1|2]`.",
