@@ -265,7 +265,6 @@ class _Walker:
         self.t = issue + hw.issue_interval
         prof.issue_cycles += self.t - start
 
-
     def _admit(self, ready: float) -> float:
         """When a request ready at ``ready`` enters the memory system: once the bytes still in
         flight leave room for it under the CU's cap (a request larger than the cap goes alone)."""
@@ -1034,16 +1033,15 @@ def predict(*, shape: DecodeShape, hw, per_tile: Dict[str, float], fixed: Dict[s
             return (simd_busy, lds_cu, ta_cu)
         return (simd_busy, lds_cu, ta_cu, flight_bytes * lat0 / (1.0 - u) / hwc.cu_bytes_in_flight)
 
-    demands = demands_at(0.0)
-
-    def round_of(lt, r):
+    def round_of(lt, r, u=0.0):
+        demands = demands_at(u)
         if CU_CONTENTION == "mva":
             return mva_round(lt, demands, r)
         if CU_CONTENTION == "serial":
             return max(lt, r * sum(demands))
-        if CU_CONTENTION == "shared":  # the three units as ONE queueing station (no overlap between them)
+        if CU_CONTENTION == "shared":  # the units as ONE queueing station (no overlap between them)
             return mva_round(lt, (sum(demands),), r)
-        return max(lt, r * simd_busy, r * lds_cu, r * ta_cu)
+        return max(lt, *(r * d for d in demands))
 
     slots = None
     if not grid.regular:  # the list schedule's assignment, at the unloaded round and fixed cost
@@ -1051,17 +1049,15 @@ def predict(*, shape: DecodeShape, hw, per_tile: Dict[str, float], fixed: Dict[s
         slots = _slot_loads(grid, ys, hwc, r_max, round_of(lt0, R), f0)
 
     def evaluate(u):
-        nonlocal demands
-        demands = demands_at(u)
         lt, fx = loaded(u)
         cand = dict(latency=lt, issue=R * simd_busy, lds=R * lds_cu, vmem_addresser=R * ta_cu)
-        if len(demands) > 3:
-            cand["bytes_in_flight"] = R * demands[3]
-        rc = round_of(lt, R)
+        if hwc.cu_bytes_in_flight > 0:
+            cand["bytes_in_flight"] = R * demands_at(u)[3]
+        rc = round_of(lt, R, u)
         t_cu_ = 0.0
         if slots is None:
             for r in gen_sizes:
-                t_cu_ += (T * round_of(lt, r) + fx) / clk
+                t_cu_ += (T * round_of(lt, r, u) + fx) / clk
         else:
             t_cu_ = max(tiles * rc + n * fx for tiles, n in slots) / clk
         return cand, rc, t_cu_, max(t_cu_, t_mem)
