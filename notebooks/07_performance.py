@@ -276,7 +276,9 @@ else:
 # and reports the error (`pa_tile/data/model_validation.md`). Those times were measured, the
 # evidence says, on an 80-CU MI308X (the report's "Device" section), so the validation runs on
 # that part; MI300X and MI355X predictions below use the same fitted constants, assuming the same
-# per-CU latency and fraction of peak HBM. The six earliest versions build only with flydsl
+# per-CU latency and fraction of peak HBM (FlyDSL's own CI measured its streaming kernels at
+# 0.66-0.70 of peak on an MI325X and 0.71-0.72 on an MI355X: that fraction roughly carries over to
+# gfx950; the latency is not checked there). The six earliest versions build only with flydsl
 # 0.2.2, the release of their date; their points were first predicted after the fit and the model
 # were fixed, the one *fresh* test of it (9/12 within 15 %, median 5.9 %, as first predicted).
 # Since then one more change was made after seeing them, to how the walk runs a loop's branches
