@@ -118,6 +118,21 @@ def current_backend() -> str:
     return choice
 
 
+def require_emulator(what: str) -> None:
+    """Raise :class:`BackendError` unless this process runs its kernels in the emulator: ``what``
+    (the timing model's samples, a memory trace) reads the emulator's own records of a launch. The
+    message says how to get there from a GPU, real or simulated."""
+    if current_backend() == "emu":
+        return
+    if _simulated is not None:
+        where, fix = (f"a simulated GPU ({SIMULATE_ENV_VAR})",
+                      f"run it in a process without {SIMULATE_ENV_VAR}, with {ENV_VAR}=emu")
+    else:
+        where, fix = ("the GPU", f"set {ENV_VAR}=emu (or pa_tile.set_backend('emu')) before the process's first "
+                                 "kernel launch, or run it in a process of its own")
+    raise BackendError(f"{what} needs the emulator backend, and this process runs its kernels on {where}: {fix}")
+
+
 def ensure_backend() -> str:
     """Make the chosen backend usable (installs the emulator hook for ``emu``); returns its name."""
     backend = current_backend()

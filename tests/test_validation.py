@@ -97,3 +97,19 @@ def test_validate_predicts_each_timed_stage_with_the_model(tmp_path, capsys):
     assert "PREDICTED by pa_tile.perf.model" in out and "MI308X" in out
     rows = json.loads(out_json.read_text())["rows"]
     assert rows[0]["predicted_us"] == pytest.approx(expected) and rows[0]["error"] == pytest.approx(1 / 1.1 - 1)
+
+
+def test_what_reads_the_emulators_records_says_how_to_get_there_from_a_gpu(capsys):
+    """The model's samples and the memory traces need the emulator; on a (simulated) GPU they
+    refuse with the way out, and the command line exits 2 with that sentence (no traceback)."""
+    from pa_tile.perf import tracing
+
+    with backend.simulate_gpu("gfx942"):
+        with pytest.raises(backend.BackendError, match="simulated GPU.*without PA_TILE_SIMULATE_GPU"):
+            model.sample_stage("s6", SMALL, "gfx942")
+        with pytest.raises(backend.BackendError, match="memory-access trace needs the emulator backend"):
+            tracing.trace_stage("s2")
+        assert main(["predict", "--stage", "s6", "--batch", "2", "--context", "512", "--q-heads", "8",
+                     "--kv-heads", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("pa_tile predict: error:") and "PA_TILE_BACKEND=emu" in err and "Traceback" not in err

@@ -769,8 +769,7 @@ def sample_stage(stage: str, shape: DecodeShape, arch: str = "gfx942", *, contex
     from .. import backend
     from . import adapters
 
-    if backend.current_backend() != "emu":
-        raise RuntimeError("sample_stage needs the emulator backend (PA_TILE_BACKEND=emu or pa_tile.set_backend('emu'))")
+    backend.require_emulator("the timing model's sample of a stage")
     backend.ensure_backend()
     lo, hi = contexts
     if lo % TILE or hi % TILE or hi <= lo:

@@ -240,9 +240,7 @@ def trace_metrics(stage: str, arch: str = "gfx942", block_size: int = 16, contex
     from .. import backend
     from . import adapters
 
-    if backend.current_backend() != "emu":
-        raise RuntimeError("trace_metrics needs the emulator backend (PA_TILE_BACKEND=emu); "
-                           "collect() runs it in a subprocess for you")
+    backend.require_emulator("trace_metrics (collect() runs it in a subprocess for you)")
     lo, hi = contexts
     if lo % TILE or hi % TILE or hi <= lo:
         raise ValueError(f"contexts: expected two increasing multiples of {TILE}, got {contexts}")

@@ -178,9 +178,7 @@ def report_from_trace(trace, kernel: str, *, shape: Optional[DecodeShape] = None
 def _require_emulator():
     from .. import backend
 
-    if backend.current_backend() != "emu":
-        raise RuntimeError("the memory-access trace needs the emulator backend: set PA_TILE_BACKEND=emu "
-                           "(or pa_tile.set_backend('emu')) before the first kernel launch of the process")
+    backend.require_emulator("the memory-access trace")
 
 
 def trace_stage(stage: str, shape: Optional[DecodeShape] = None, arch: str = "gfx942", *, seed: int = 0,
