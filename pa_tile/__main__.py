@@ -391,12 +391,12 @@ def cmd_overhead(args) -> int:
 
 def _add_predict_parser(add_parser) -> None:
     s = add_parser("predict", help="PREDICTED kernel time on MI300X / MI355X from the timing model "
-                                       "(compiled code + an emulated sample), with the HBM floor",
-                       description="Predict one stage's kernel time at a problem shape with pa_tile.perf.model: "
-                                   "it emulates one sequence of one KV head at two short contexts, walks the "
-                                   "compiled code, and combines occupancy, issue, waitcnt latency, LDS, grid "
-                                   "waves, HBM and the reduce kernel. A model, not a measurement (its validation: "
-                                   "pa_tile/data/model_validation.md). Last line: predicted_us=<float> floor_us=<float>.")
+                                   "(compiled code + an emulated sample), with the HBM floor",
+                   description="Predict one stage's kernel time at a problem shape with pa_tile.perf.model: "
+                               "it emulates one sequence of one KV head at two short contexts, walks the "
+                               "compiled code, and combines occupancy, issue, waitcnt latency, LDS, grid "
+                               "waves, HBM and the reduce kernel. A model, not a measurement (its validation: "
+                               "pa_tile/data/model_validation.md). Last line: predicted_us=<float> floor_us=<float>.")
     s.add_argument("--stage", metavar="NAME", required=True, help=_stage_help())
     s.add_argument("--gpu", choices=["mi300x", "mi308x", "mi355x"], default="mi300x",
                    help="default mi300x; mi308x (80 CUs) is the part the model's validation timings were measured on")
@@ -427,12 +427,12 @@ def cmd_predict(args) -> int:
 
 def _add_validate_parser(add_parser) -> None:
     s = add_parser("validate", help="the timing model against your measurements: every stage timed in a "
-                                        "`pa_tile bench` results file, PREDICTED beside MEASURED",
-                       description="Predict every stage launch a `pa_tile bench` results file timed (status ok), at "
-                                   "its shape, on the GPU it ran on (by device name, else arch; its CU count as "
-                                   "recorded), with pa_tile.perf.model, and print both with the error. Runs the "
-                                   "model's samples in the emulator, in this process. Last line: "
-                                   "within_15=<n>/<points> median_abs_err=<float>.")
+                                    "`pa_tile bench` results file, PREDICTED beside MEASURED",
+                   description="Predict every stage launch a `pa_tile bench` results file timed (status ok), at "
+                               "its shape, on the GPU it ran on (by device name, else arch; its CU count as "
+                               "recorded), with pa_tile.perf.model, and print both with the error. Runs the "
+                               "model's samples in the emulator, in this process. Last line: "
+                               "within_15=<n>/<points> median_abs_err=<float>.")
     s.add_argument("results", metavar="FILE", help="a results JSON written by `python -m pa_tile bench --out FILE`")
     s.add_argument("--stages", metavar="NAMES", help="comma-separated stages to compare (default: every stage timed)")
     s.add_argument("--json", metavar="OUT", help="also write the comparison rows and summary as JSON to OUT")
