@@ -317,6 +317,13 @@ steps_right = ", ".join(str(f["steps_sign_ok"]) for f in folds)
 latencies = ", ".join(f"{f['fitted']['mem_latency_cycles']:.0f}" for f in folds)
 print(f"  the same fit on each third of the points (three-fold cross-validation): held-out within 15 % "
       f"{within} of {vs['held_out']}, steps right {steps_right} of {vs['steps']}, fitted latency {latencies} cycles")
+prod = next(r for r in json.loads((ROOT / "pa_tile" / "data" / "production_prediction.json").read_text())["rows"]
+            if r.get("measured_us"))
+print(f"  upstream's production kernel (ecbc2d6b's pa_decode_ps, b{prod['shape']['batch']} ctx{prod['shape']['context']} "
+      f"block {prod['shape']['block_size']}), first predicted after all of the above: measured "
+      f"{prod['measured_us'][0]}-{prod['measured_us'][1]} µs, PREDICTED {prod['predicted_us']:.0f} µs "
+      f"({prod['predicted_us'] / prod['measured_us'][1] - 1:+.0%} to {prod['predicted_us'] / prod['measured_us'][0] - 1:+.0%}; "
+      f"{prod['exposures']:.0f} serial latencies per partition)")
 print(f"  issue 14's target (all held-out within 15 %, every step's sign, Spearman >= 0.9): {vs['verdict']}")
 
 # %% [markdown]
@@ -325,7 +332,9 @@ print(f"  issue 14's target (all held-out within 15 %, every step's sign, Spearm
 # fresh steps ranked every pair of variants the right way, and sized 5 of 14 within 15 %). The
 # misses are not spread evenly: a loop that loads, waits, computes and loads again waits out
 # several memory latencies per tile in series, and where that chain bounds the time the fitted
-# latency (calibrated on loops that prefetch a tile ahead, one per tile) over-predicts it. A
+# latency (calibrated on loops that prefetch a tile ahead, one per tile) over-predicts it.
+# Upstream's production kernel is such a loop (two waits a partition) and the largest miss of
+# all (`scripts/predict_production.py`; the report's "Upstream's production kernel"). A
 # per-CU cap on bytes in flight, which would charge such a loop its bytes once and its latency
 # per wait, was tried and not adopted: it gains held-out points but loses step directions, and
 # its four fitted constants do not agree from one third of the points to the next (the report's
