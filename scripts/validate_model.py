@@ -1034,6 +1034,22 @@ def _production_section() -> list:
             f"{b16['predicted_fraction_of_peak']:.2f} of peak predicted against {b16['fraction_of_peak']:.2f} quoted, and "
             f"block 16 -> 64 predicted {b64['predicted_us'] / b16['predicted_us']:.3f} against the quoted 1.078 (the right "
             "direction, a smaller step). Indicative only: the version differs.")
+    if same and same.get("alternatives"):
+        alt = same["alternatives"]
+        lo, hi = same["measured_us"]
+        best = min(alt, key=lambda k: abs(math.log(alt[k] / math.sqrt(lo * hi))))
+        f = pp["cap_fits"][best]
+        step = {n: blocks[64]["alternatives"][n] / blocks[16]["alternatives"][n] for n in alt} if 16 in blocks and 64 in blocks else {}
+        lines.append("")
+        lines.append(
+            "The same kernel under the per-CU cap on bytes in flight as each fold fitted it ('Memory-level parallelism': "
+            f"not the default, chosen after every seed point was seen, fitted before this kernel was predicted): b{same['shape']['batch']} "
+            f"ctx{same['shape']['context']} " + ", ".join(f"{alt[n]:.0f} us ({n})" for n in alt) + f" against {lo}-{hi} us. "
+            f"The {best.split(', ')[-1]} fit ({f['mem_latency_cycles']:.0f}-cycle latency, {f['cu_bytes_in_flight'] / 1024:.0f} KiB a CU: "
+            f"a short latency, the cap carrying the bytes) comes within {alt[best] / hi - 1:+.0%} to {alt[best] / lo - 1:+.0%}"
+            + (f"; it calls the other reading's block 16 -> 64 step {step[best]:.3f} (quoted 1.078)" if step else "")
+            + ". A lead for a hardware measurement to settle (a CU's bandwidth against its bytes in flight), not a "
+            "validation of that form.")
     lines.append("")
     return lines
 

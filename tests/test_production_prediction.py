@@ -57,10 +57,20 @@ def test_the_committed_prediction_is_the_reports():
     assert pred["sha"].startswith("ecbc2d6b") and pred["gpu"] == "mi308x"
     rows = pred["rows"]
     assert {r["layout"]["path"] for r in rows} == {"work list", "partitions"}
+    assert set(pred["cap_fits"]) == {"cap, fold 0", "cap, fold 1", "cap, fold 2"}
     for r in rows:
+        assert set(r["alternatives"]) == set(pred["cap_fits"])  # the cap form's folds, beside the default
         assert r["predicted_us"] >= r["floor_us"] > 0
         assert 0 < r["predicted_fraction_of_peak"] <= 1
     vm = _script("validate_model")
     report = (DATA / "model_validation.md").read_text()
     for line in vm._production_summary() + vm._production_section():
         assert line in report.splitlines()  # regenerate the report after re-predicting
+
+
+def test_the_cap_fits_are_the_ones_the_report_records(pp):
+    report = "\n".join(_script("validate_model")._mlp_section())
+    for name, f in pp.CAP_FITS.items():
+        row = next(line for line in report.splitlines() if line.startswith(f"| {name[-1]} "))
+        assert (f"{f['hbm_efficiency']:.2f} / {f['mem_latency_cycles']:.0f} / {f['launch_us']:g} / "
+                f"{f['cu_bytes_in_flight'] / 1024:.0f} KiB") in row
