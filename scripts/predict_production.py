@@ -263,7 +263,7 @@ def predict(res: dict, item: dict) -> dict:
     ds = DecodeShape(batch=sh["batch"], context=sh["context"], num_q_heads=sh["num_q_heads"],
                      num_kv_heads=sh["num_kv_heads"], head_dim=sh["head_dim"], block_size=sh["block_size"],
                      query_length=sh["query_length"], scales=sh["scales"])
-    gx, gy, gz = main_l["grid"]
+    _, gy, gz = main_l["grid"]
     if len(rec["launches"]) == 1:  # the work-list kernel: one workgroup a bin, aiter's reduce (not walked)
         bins = rec["bins"]
         # partial results the split works write (get_pa_metadata sizes partial_output as (partials + 1) x query_length rows)
