@@ -334,7 +334,8 @@ print(f"  issue 14's target (all held-out within 15 %, every step's sign, Spearm
 # several memory latencies per tile in series, and where that chain bounds the time the fitted
 # latency (calibrated on loops that prefetch a tile ahead, one per tile) over-predicts it.
 # Upstream's production kernel is such a loop (two waits a partition) and the largest miss of
-# all (`scripts/predict_production.py`; the report's "Upstream's production kernel"). A
+# all (`scripts/predict_production.py`; the report's "Upstream's production kernel"): the model
+# even ranks it behind the seed's last tile kernel, the reverse of the 1.2-1.3x its message measured. A
 # per-CU cap on bytes in flight, which would charge such a loop its bytes once and its latency
 # per wait, was tried and not adopted: it gains held-out points but loses step directions, and
 # its four fitted constants do not agree from one third of the points to the next (the report's

@@ -64,7 +64,10 @@ def test_the_committed_prediction_is_the_reports():
         assert 0 < r["predicted_fraction_of_peak"] <= 1
     vm = _script("validate_model")
     report = (DATA / "model_validation.md").read_text()
-    for line in vm._production_summary() + vm._production_section():
+    rows = json.loads((DATA / "model_validation.json").read_text())["rows"]
+    section = vm._production_section(rows)
+    assert any("the WRONG way round" in line for line in section)  # the tile/production gap, read as a step
+    for line in vm._production_summary() + section:
         assert line in report.splitlines()  # regenerate the report after re-predicting
 
 
