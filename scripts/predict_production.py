@@ -183,14 +183,7 @@ def worker(args) -> int:
         if np.linalg.matrix_rank(A) < 2:
             raise SystemExit(f"block {bs}: the sample runs cannot separate per-partition from per-workgroup cost "
                              f"(grids {[f[1] for f in figs]})")
-        per_tile, fixed = {}, {}
-        for key in set().union(*(f[2] for f in figs)):
-            y = np.array([f[2].get(key, 0.0) for f in figs], dtype=float)
-            (c, f_), *_ = np.linalg.lstsq(A, y, rcond=None)
-            per_tile[key], fixed[key] = max(0.0, float(c)), max(0.0, float(f_))
-        line_per_tile = {k.split(":", 1)[1]: per_tile.pop(k) for k in list(per_tile) if k.startswith("line:")}
-        for k in [k for k in fixed if k.startswith("line:")]:
-            fixed.pop(k)
+        per_tile, fixed, line_per_tile = vm.split_sample(A, [f[2] for f in figs])
         out["samples"][str(bs)] = dict(contexts=list(SAMPLE_CONTEXTS), grids=[f[1] for f in figs], per_tile=per_tile,
                                        fixed=fixed, line_per_tile=line_per_tile, asm=runs[0][1][0][3],
                                        kernel=runs[0][1][0][0], seconds=time.time() - t0)

@@ -349,16 +349,7 @@ def worker(args) -> int:
     A = np.array([[t * m_groups, g[0] * g[1] * g[2]] for t, g, _ in figs], dtype=float)
     if np.linalg.matrix_rank(A) < 2:
         raise SystemExit(f"{sha}: sample runs cannot separate per-tile from per-workgroup cost (grids {[f[1] for f in figs]})")
-    per_tile, fixed = {}, {}
-    for key in set().union(*(f[2] for f in figs)):
-        y = np.array([f[2].get(key, 0.0) for f in figs], dtype=float)
-        (c, fx_), *_ = np.linalg.lstsq(A, y, rcond=None)
-        per_tile[key] = max(0.0, float(c))
-        fixed[key] = max(0.0, float(fx_))
-    # executions of each memory instruction by assembly line (the loop's branch frequencies), kept apart
-    line_per_tile = {k.split(":", 1)[1]: per_tile.pop(k) for k in list(per_tile) if k.startswith("line:")}
-    for k in [k for k in fixed if k.startswith("line:")]:
-        fixed.pop(k)
+    per_tile, fixed, line_per_tile = split_sample(A, [f[2] for f in figs])
     out["sample"] = dict(contexts=[r[0] for r in runs], grids=[f[1] for f in figs], m_groups=m_groups,
                          per_tile=per_tile, fixed=fixed, line_per_tile=line_per_tile,
                          asm=runs[0][1][0][3], seconds=time.time() - t0, kernel=runs[0][1][0][0],
@@ -366,6 +357,24 @@ def worker(args) -> int:
     out["asm"] = asm_store
     Path(args.result).write_text(json.dumps(out))
     return 0
+
+
+def split_sample(A, figures):
+    """Per-tile and per-workgroup figures of a sample's runs: each run's total = A's row . (per tile,
+    per workgroup), solved by least squares for every counted figure (clipped at 0); the executions
+    by assembly line ('line:N', the loop's branch frequencies) are kept apart, per tile only.
+    Returns (per_tile, fixed, line_per_tile)."""
+    import numpy as np
+
+    per_tile, fixed = {}, {}
+    for key in set().union(*figures):
+        y = np.array([f.get(key, 0.0) for f in figures], dtype=float)
+        (c, f_), *_ = np.linalg.lstsq(A, y, rcond=None)
+        per_tile[key], fixed[key] = max(0.0, float(c)), max(0.0, float(f_))
+    line_per_tile = {k.split(":", 1)[1]: per_tile.pop(k) for k in list(per_tile) if k.startswith("line:")}
+    for k in [k for k in fixed if k.startswith("line:")]:
+        fixed.pop(k)
+    return per_tile, fixed, line_per_tile
 
 
 # =============================================================================================
