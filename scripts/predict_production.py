@@ -240,11 +240,15 @@ def quoted_shapes(data) -> list:
     return out
 
 
-def predict(res: dict, item: dict) -> dict:
+def predict(res: dict, item: dict, fitted: dict = None) -> dict:
+    """The model's prediction of ``item``'s shape from the worker's result ``res``; ``fitted``: FITTED
+    constants to use instead of ``pa_tile.perf.hw``'s (``hw.with_fitted``)."""
     from pa_tile.perf import model
     from pa_tile.perf.roofline import DecodeShape
 
-    hwc = vm._gpu()  # the MI308X with pa_tile.perf.hw's fitted constants
+    from pa_tile.perf import hw as hwm
+
+    hwc = hwm.with_fitted(vm._gpu(), fitted or {})  # the MI308X with pa_tile.perf.hw's fitted constants
     rec = next(r for r in res["shapes"] if r["shape"] == item["shape"])
     sh = item["shape"]
     main_l = rec["launches"][0]
@@ -291,18 +295,6 @@ CAP_FITS = {
 }
 
 
-def predict_with(res: dict, item: dict, fitted: dict) -> dict:
-    """:func:`predict` with some FITTED constants replaced (``hw.with_fitted``)."""
-    from pa_tile.perf import hw as hwm
-
-    saved = vm._gpu
-    vm._gpu = lambda: hwm.with_fitted(saved(), fitted)
-    try:
-        return predict(res, item)
-    finally:
-        vm._gpu = saved
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--flydsl", help="path to a ROCm/FlyDSL clone or git dir with the pr-825 commits")
@@ -343,7 +335,7 @@ def main(argv=None) -> int:
     res = json.loads(res_path.read_text())
     rows = [predict(res, it) for it in items]
     for r, it in zip(rows, items):
-        r["alternatives"] = {name: round(predict_with(res, it, f)["predicted_us"], 1) for name, f in CAP_FITS.items()}
+        r["alternatives"] = {name: round(predict(res, it, f)["predicted_us"], 1) for name, f in CAP_FITS.items()}
     for r in rows:
         sh = r["shape"]
         meas = (f"measured {r['measured_us'][0]}-{r['measured_us'][1]} us" if r.get("measured_us") else
