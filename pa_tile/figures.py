@@ -18,7 +18,7 @@ import numpy as np
 __all__ = ["OKABE_ITO", "decode_floor", "cache_layouts", "mfma_atom", "wave_split", "mfma_ownership", "softmax_butterfly",
            "load_segments", "lds_banks", "phase_timeline", "traffic_bars", "split_k", "roofline", "static_facts",
            "trace_facts", "partition_sweep", "stage_predictions", "work_layouts", "schedule_predictions",
-           "m_tile_predictions"]
+           "m_tile_predictions", "upstream_margins"]
 
 #: Okabe & Ito's colour-blind-safe palette (black last: it is kept for text and markers)
 OKABE_ITO = ("#E69F00", "#56B4E9", "#009E73", "#F0E442", "#0072B2", "#D55E00", "#CC79A7", "#000000")
@@ -372,6 +372,75 @@ def traffic_bars(labels: Sequence[str], series: Mapping[str, Sequence[float]], *
     ax.legend(fontsize=FONT, loc="upper left")
     _style(ax, title, None, ylabel)
     fig.tight_layout()
+    return fig
+
+
+# ---------------------------------------------------------------------------------------------
+# chapters 05 and 06
+
+def upstream_margins(rows: Sequence[Mapping], metrics: Sequence[tuple], *,
+                     groups: Sequence[str] = ("head_dim", "query_len"), color: str = "scales",
+                     marker: Optional[str] = None, title: str = "This kernel against upstream's recorded figures"):
+    """This kernel against upstream's recorded figures, configuration by configuration.
+
+    One panel per ``metrics`` entry ``(label, ours_key, upstream_key, higher_is_better)``: each
+    row's margin in this kernel's favour (``ours − upstream`` when higher is better, e.g. waves per
+    SIMD; ``upstream − ours`` when lower is, e.g. registers), so 0 is a tie and every point at or
+    above the dashed line meets or beats upstream (a point below is drawn hollow; the panel's
+    title counts them). Configurations sit in blocks of equal ``groups`` keys, labelled on the x
+    axis; colour = the ``color`` key, marker = the ``marker`` key (optional)."""
+    from matplotlib.lines import Line2D
+    from matplotlib.ticker import MaxNLocator
+
+    plt = _plt()
+    rows = list(rows)
+
+    def block(r):
+        return tuple(r[g] for g in groups)
+
+    order = sorted(range(len(rows)), key=lambda i: block(rows[i]))  # stable: a block keeps the given order
+    xs, centers, labels, bounds, pos = {}, [], [], [], 0
+    for b in dict.fromkeys(block(rows[i]) for i in order):
+        members = [i for i in order if block(rows[i]) == b]
+        for k, i in enumerate(members):
+            xs[i] = pos + k
+        centers.append(pos + (len(members) - 1) / 2)
+        labels.append("\n".join(f"{g} {v}" for g, v in zip(groups, b)))
+        pos += len(members) + 1
+        bounds.append(pos - 1)
+    cvals = list(dict.fromkeys(sorted((r[color] for r in rows), key=str)))
+    cmap = {v: LINE_COLORS[k % len(LINE_COLORS)] for k, v in enumerate(cvals)}
+    mvals = list(dict.fromkeys(sorted((r[marker] for r in rows), key=str))) if marker else [None]
+    mmap = {v: "osD^v"[k % 5] for k, v in enumerate(mvals)}
+    fig, axes = plt.subplots(len(metrics), 1, figsize=(WIDTH, 1.2 + 1.9 * len(metrics)), sharex=True, squeeze=False)
+    for ax, (label, ours, up, higher) in zip(axes[:, 0], metrics):
+        margin = [(r[ours] - r[up]) if higher else (r[up] - r[ours]) for r in rows]
+        for i, r in enumerate(rows):
+            c = cmap[r[color]]
+            ax.scatter(xs[i], margin[i], s=22, marker=mmap[r[marker] if marker else None], color=c,
+                       facecolors=c if margin[i] >= 0 else "none", edgecolors="0.2", linewidths=0.4, zorder=3)
+        ax.axhline(0, color="0.3", lw=1, ls="--", zorder=1)
+        for b in bounds[:-1]:
+            ax.axvline(b, color="0.85", lw=0.8, zorder=0)
+        ax.grid(axis="y", alpha=0.3)
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+        meets = sum(m >= 0 for m in margin)
+        _style(ax, f"{label}: {meets} of {len(rows)} configurations meet or beat upstream "
+                   f"(margin {min(margin):g} to {max(margin):g})", None,
+               f"{'ours − upstream' if higher else 'upstream − ours'}")
+    axes[-1, 0].set_xticks(centers, labels)
+    axes[-1, 0].set_xlim(-1, pos - 1)
+    handles = [Line2D([], [], ls="", marker="o", color=cmap[v], mec="0.2", mew=0.4, label=f"{color} {v}")
+               for v in cvals]
+    if marker:
+        handles += [Line2D([], [], ls="", marker=mmap[v], color="0.6", mec="0.2", mew=0.4, label=f"{marker} {v}")
+                    for v in mvals]
+    handles.append(Line2D([], [], ls="--", color="0.3", label="upstream (margin 0)"))
+    top = 1 - 0.42 / fig.get_size_inches()[1]  # room for the title and the legend
+    fig.suptitle(title, fontsize=FONT + 2, y=1 - 0.08 / fig.get_size_inches()[1], va="top")
+    fig.legend(handles=handles, loc="upper center", ncol=len(handles), fontsize=FONT,
+               bbox_to_anchor=(0.5, 1 - 0.25 / fig.get_size_inches()[1]))
+    fig.tight_layout(rect=(0, 0, 1, top))
     return fig
 
 

@@ -19,7 +19,7 @@ import html
 import math
 import re
 from collections import Counter
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 from .emu import asmtext as _asmtext
 
@@ -38,6 +38,8 @@ __all__ = [
     "table",
     "diff",
     "diff_rows",
+    "diff_side_by_side",
+    "loop_phases",
     "histogram_plot",
 ]
 
@@ -608,6 +610,29 @@ def occupancy(stats: IsaStats, arch: Optional[str] = None) -> Occupancy:
                          stats.workgroup_size or 256, stats.wavefront_size)
 
 
+def loop_phases(stats: Union[IsaStats, str], kernel: Union[str, int, None] = None,
+                names: Sequence[str] = ("prologue", "loop", "epilogue")) -> List[Tuple[str, int, int]]:
+    """``(name, first_line, last_line)`` of the code before, in and after the kernel's main loop
+    (:attr:`IsaStats.main_loop`), in lines of the assembly text the stats were read from: the
+    lines the emulator's trace records, so ``Trace.grouped_summary(phases=loop_phases(...))``
+    sorts every memory instruction into prologue, loop and epilogue. *stats* may also be that
+    text (then *kernel* picks the kernel, as in :meth:`IsaStats.from_asm`). Without a loop the
+    whole text is one phase, ``names[0]``.
+    """
+    if isinstance(stats, str):
+        stats = IsaStats.from_asm(stats, kernel)
+    if len(names) != 3:
+        raise ValueError(f"names must name the three phases, got {names!r}")
+    lp = stats.main_loop
+    if lp is None:
+        return [(names[0], 1, _LAST_LINE)]
+    return [(names[0], 1, lp.start_line - 1), (names[1], lp.start_line, lp.end_line),
+            (names[2], lp.end_line + 1, _LAST_LINE)]
+
+
+_LAST_LINE = 2 ** 31 - 1  # "to the end of the text"
+
+
 # ---------------------------------------------------------------------------------------------
 # presentation
 
@@ -701,30 +726,101 @@ def diff_rows(a: IsaStats, b: IsaStats, mnemonics: bool = True) -> List[Tuple[st
 
 
 _SECTION_TITLES = {"family": "by family", "width": "loads/stores by width", "mnemonic": "mnemonics that differ"}
+_SECTIONS = ("budget", "family", "width", "mnemonic")
+
+#: the rows ``compact=True`` keeps even when nothing changed: the facts a reader checks first
+HEADLINE = ("vgpr unified", "LDS bytes", "waves/SIMD", "instructions", "main loop instr")
 
 
-def diff(a: IsaStats, b: IsaStats, labels: Sequence[str] = ("before", "after"), mnemonics: bool = True) -> str:
-    """A side-by-side table of two kernels' facts with deltas (after - before)."""
+def _missing_value(s: IsaStats, sec: str, metric: str) -> Any:
+    """A width or mnemonic count that ``diff_rows`` left out of one pair (0, or equal on both sides)."""
+    if sec == "width":
+        space, kind, width = metric.split(" ")
+        return getattr(s, f"{kind}_widths").get(space, {}).get(width, 0)
+    return s.mnemonics.get(metric, 0)
+
+
+def _diff_table(pairs: Mapping[str, Tuple[IsaStats, IsaStats]], labels: Sequence[str], mnemonics: bool,
+                compact: bool, group_header: bool) -> str:
     if len(labels) != 2:
         raise ValueError(f"labels must name the two kernels, got {labels!r}")
-    rows: List[Tuple[str, ...]] = [("metric", str(labels[0]), str(labels[1]), "delta")]
+    if not pairs:
+        raise ValueError("no pair of kernels to compare")
+    per = {g: {(sec, k): (x, y, d) for sec, k, x, y, d in diff_rows(a, b, mnemonics)} for g, (a, b) in pairs.items()}
+    order: Dict[Tuple[str, str], Tuple] = {}
+    for rows in per.values():
+        for i, (sec, k) in enumerate(rows):
+            if (sec, k) not in order:  # budget and family rows: every pair's, in diff_rows' order
+                tail = (k.split(" ")[1] != "load", k) if sec == "width" else (k,) if sec == "mnemonic" else (i,)
+                order[(sec, k)] = (_SECTIONS.index(sec),) + tail
+    keys = sorted(order, key=order.get)
+    cells: Dict[Tuple[str, str], List[Tuple[Any, Any, str]]] = {}
+    for key in keys:
+        cells[key] = []
+        for g, (a, b) in pairs.items():
+            if key in per[g]:
+                cells[key].append(per[g][key])
+            else:
+                x, y = _missing_value(a, *key), _missing_value(b, *key)
+                cells[key].append((x, y, _delta(x, y)))
+    if compact:
+        stats = [s for pair in pairs.values() for s in pair]
+        same_vgpr = all(s.vgpr == s.vgpr_unified for s in stats)
+        no_agpr = all(s.agpr == 0 for s in stats)
+
+        def keep(key):
+            sec, k = key
+            if (k == "vgpr" and same_vgpr) or (k == "agpr" and no_agpr):
+                return False
+            return (sec == "budget" and k in HEADLINE) or any(d != "0" for _, _, d in cells[key])
+
+        keys = [key for key in keys if keep(key)]
+    head = ["metric"] + [c for _ in pairs for c in (str(labels[0]), str(labels[1]), "delta")]
+    rows: List[Tuple[str, ...]] = [tuple(head)]
     section = "budget"
-    for sec, k, x, y, d in diff_rows(a, b, mnemonics):
+    for sec, k in keys:
         if sec != section:
             rows.append((_SECTION_TITLES[sec] + ":",))
             section = sec
         indent = "" if sec == "budget" else "  "
-        rows.append((indent + k, "-" if x is None else _num(x), "-" if y is None else _num(y), d))
-    widths = [max(len(r[i]) for r in rows if len(r) == 4) for i in range(4)]
+        rows.append((indent + k,) + tuple(c for x, y, d in cells[(sec, k)]
+                                           for c in ("-" if x is None else _num(x), "-" if y is None else _num(y), d)))
+    n = len(head)
+    widths = [max(len(r[i]) for r in rows if len(r) == n) for i in range(n)]
     out = []
+    if group_header:
+        spans = [f"{g:^{widths[1 + 3 * j] + widths[2 + 3 * j] + widths[3 + 3 * j] + 4}}" for j, g in enumerate(pairs)]
+        out.append((" " * widths[0] + "  " + "  ".join(spans)).rstrip())
     for r in rows:
         if len(r) == 1:
             out.append(r[0])
             continue
         out.append(f"{r[0]:<{widths[0]}}  " + "  ".join(f"{c:>{widths[i + 1]}}" for i, c in enumerate(r[1:])))
-        if len(out) == 1:
-            out.append("-" * len(out[0]))
+        if r is rows[0]:
+            out.append("-" * len(out[-1]))
     return "\n".join(out)
+
+
+def diff(a: IsaStats, b: IsaStats, labels: Sequence[str] = ("before", "after"), mnemonics: bool = True,
+         compact: bool = False) -> str:
+    """A side-by-side table of two kernels' facts with deltas (after - before).
+
+    ``compact=True`` keeps only the rows that changed, plus the :data:`HEADLINE` facts (registers,
+    LDS, occupancy, instruction counts) whatever they did; ``vgpr`` and ``agpr`` are left out when
+    they add nothing to ``vgpr unified`` (no AGPR used on either side).
+    """
+    return _diff_table({"": (a, b)}, labels, mnemonics, compact, group_header=False)
+
+
+def diff_side_by_side(pairs: Mapping[str, Tuple[IsaStats, IsaStats]], labels: Sequence[str] = ("before", "after"),
+                      mnemonics: bool = False, compact: bool = True) -> str:
+    """:func:`diff` of several pairs in one table: one row per metric, three columns (before,
+    after, delta) per pair, under the pair's name (e.g. ``{"gfx942": (a, b), "gfx950": (c, d)}``).
+
+    A row is there when any pair has it; with ``compact`` (the default) when any pair's delta is
+    not 0, or it is a :data:`HEADLINE` fact.
+    """
+    return _diff_table(dict(pairs), labels, mnemonics, compact, group_header=True)
 
 
 def histogram_plot(stats_list: Iterable[IsaStats], labels: Optional[Sequence[str]] = None,

@@ -525,6 +525,101 @@ def test_scalar_loads_are_reported_apart_from_vector_coalescing():
         t.global_access("global_load_dword", 7, LANE * 4, ALL, 4, kind="flat")
 
 
+def _run_grouped_kernel(t: Trace):
+    """Lines 20-22: three coalesced dwordx4 loads; 23: the same instruction, every lane reading one
+    16-byte piece (a broadcast); 30-31: two conflict-free ds_read_b32; 32: a 32-way conflicting one;
+    5-6: scalar loads. Two waves, so every line runs twice."""
+    base = 1 << 24
+    for wave in range(2):
+        for line in (20, 21, 22):
+            t.global_access("buffer_load_dwordx4", line, base + line * 1024 + LANE * 16, ALL, 16, kind="buffer",
+                            wave=wave)
+        t.global_access("buffer_load_dwordx4", 23, np.full(64, base, np.uint64), ALL, 16, kind="buffer", wave=wave)
+        for line in (30, 31):
+            t.lds_access("ds_read_b32", line, LANE * 4, ALL, 4, wave=wave)
+        t.lds_access("ds_read_b32", 32, LANE * 128, ALL, 4, wave=wave)
+        t.scalar_access("s_load_dwordx4", 5, 0x1000, 16, wave=wave)
+        t.scalar_access("s_load_dword", 6, 0x1010, 4, wave=wave)
+
+
+def _totals(rows, space):
+    keys = ("executions", "bytes") + (("max_degree", "conflict_cycles") if space == "lds" else
+                                      ("segments", "min_segments", "distinct_bytes") if space != "scalar" else ())
+    picked = [r for r in rows if r["space"] == space]
+    return {k: (max if k == "max_degree" else sum)(r[k] for r in picked) for k in keys}
+
+
+@pytest.mark.parametrize("kernel", [_run_fake_kernel, _run_grouped_kernel])
+@pytest.mark.parametrize("kw", [{}, dict(shapes=False), dict(phases=[("a", 0, 11), ("b", 12, 99)]),
+                                dict(merge_scalar=True)])
+def test_grouped_summary_totals_equal_the_per_line_summary(kernel, kw):
+    t = Trace("gfx942")
+    kernel(t)
+    lines, grouped = t.summary(), t.grouped_summary(**kw)
+    assert sum(g["lines"] for g in grouped) == len(lines)
+    for space in ("global", "buffer", "lds", "scalar"):
+        assert _totals(grouped, space) == _totals(lines, space), space
+
+
+def test_grouped_summary_merges_lines_of_one_shape_and_shows_conflicts():
+    t = Trace("gfx942")
+    _run_grouped_kernel(t)
+    rows = t.grouped_summary()
+    assert [(r["mnemonic"], r["lines"], r["executions"]) for r in rows] == [
+        ("buffer_load_dwordx4", 3, 6), ("buffer_load_dwordx4", 1, 2), ("ds_read_b32", 2, 4), ("ds_read_b32", 1, 2),
+        ("s_load_dwordx4", 1, 2), ("s_load_dword", 1, 2)]
+    coalesced, broadcast, lds_ok, lds_bad = rows[:4]
+    assert (coalesced["bytes_per_exec"], coalesced["segments_per_exec"], coalesced["min_segments_per_exec"],
+            coalesced["efficiency"], coalesced["first_line"], coalesced["last_line"]) == (1024, 16, 16, 1.0, 20, 22)
+    assert (broadcast["segments_per_exec"], broadcast["min_segments_per_exec"], broadcast["distinct_bytes"]) == (1, 16, 32)
+    assert (lds_ok["max_degree"], lds_ok["conflict_cycles"]) == (1, 0)
+    # lanes 128 B apart: every dword on bank 0, two 32-lane phases on gfx942
+    assert (lds_bad["max_degree"], lds_bad["mean_degree"], lds_bad["conflict_cycles"]) == (32, 32.0, 2 * 2 * 31)
+    assert "phase" not in coalesced and "segments" not in lds_bad and "max_degree" not in coalesced
+    # shapes=False: one row per mnemonic, the per-execution figures become means
+    merged = {r["mnemonic"]: r for r in t.grouped_summary(shapes=False)}
+    assert merged["buffer_load_dwordx4"]["lines"] == 4 and merged["buffer_load_dwordx4"]["segments_per_exec"] == 12.25
+    assert merged["ds_read_b32"]["max_degree"] == 32 and merged["ds_read_b32"]["mean_degree"] == 34 / 3
+    # merge_scalar: one row for every scalar load, no per-execution width when widths differ
+    sc = [r for r in t.grouped_summary(merge_scalar=True) if r["space"] == "scalar"]
+    assert [(r["mnemonic"], r["lines"], r["executions"], r["bytes"], r["bytes_per_exec"]) for r in sc] == [
+        ("scalar loads", 2, 4, 40, 10)]
+    t.scalar_access("s_load_dwordx2", 7, 0x1020, 8)
+    sc = [r for r in t.grouped_summary(merge_scalar=True) if r["space"] == "scalar"]
+    assert [(r["lines"], r["executions"], r["bytes"], r["bytes_per_exec"]) for r in sc] == [(3, 5, 48, None)]
+
+
+def test_grouped_summary_phases():
+    t = Trace("gfx942")
+    _run_grouped_kernel(t)
+    ranges = [("loop", 21, 31), ("prologue", 0, 20)]  # the order given is the order of the rows
+    rows = t.grouped_summary(phases=ranges)
+    assert [(r["phase"], r["mnemonic"], r["lines"], r["first_line"]) for r in rows] == [
+        ("loop", "buffer_load_dwordx4", 2, 21), ("loop", "buffer_load_dwordx4", 1, 23), ("loop", "ds_read_b32", 2, 30),
+        ("prologue", "buffer_load_dwordx4", 1, 20), ("prologue", "s_load_dwordx4", 1, 5),
+        ("prologue", "s_load_dword", 1, 6),
+        (None, "ds_read_b32", 1, 32)]   # outside every range: last
+    by_line = t.grouped_summary(phases=lambda line: "late" if line >= 30 else "early")
+    assert [r["phase"] for r in by_line] == ["early"] * 2 + ["early"] * 2 + ["late"] * 2
+    assert by_line[-1]["max_degree"] == 32 and by_line[-2]["max_degree"] == 1
+    # a window selects executions, as in summary
+    assert all(r["executions"] == 1 for r in t.grouped_summary(0, 8))
+
+
+def test_grouped_table_and_headers():
+    t = Trace("gfx942")
+    _run_grouped_kernel(t)
+    text = t.grouped_table()
+    head = text.splitlines()[0].split()
+    assert head[:4] == ["mnemonic", "lines", "execs", "B/exec"] and "phase" not in head
+    assert len(text.splitlines()) == 2 + 5   # two dwordx4 shapes, two ds_read_b32 shapes, one scalar row
+    row = next(ln for ln in text.splitlines() if ln.startswith("ds_read_b32") and " 32 " in ln)
+    assert row.split()[-2:] == ["32", "124"]
+    phased = t.grouped_table(phases=[("prologue", 0, 20), ("loop", 21, 99)])
+    assert phased.splitlines()[0].startswith("phase") and phased.splitlines()[2].startswith("prologue")
+    assert format_table([dict(a=1)], ["a"], headers=dict(a="the a")).splitlines()[0] == "the a"
+
+
 @pytest.mark.parametrize("nbytes", [1, 2, 4, 8, 12, 16])
 def test_buffer_fast_path_agrees_with_the_per_dword_check(nbytes):
     # buffer_load/store take a shortcut when every lane of a raw access is wholly in range; near

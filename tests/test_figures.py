@@ -44,6 +44,14 @@ def _shapes():
     return roofline.upstream_shapes(batches=(1, 16, 256), contexts=(129, 2048, 16384))
 
 
+def _margins():
+    rows = [dict(arch=arch, head_dim=hd, query_len=ql, scales=sc, vgpr=100 + hd // 2 + 10 * ql, upstream_vgpr=130 + hd // 2,
+                 waves=4 - ql // 4, upstream_waves=3) for arch in ARCHS for hd in (64, 128) for ql in (1, 4)
+            for sc in ("tensor", "token")]
+    return figures.upstream_margins(rows, [("VGPR", "vgpr", "upstream_vgpr", False), ("waves", "waves", "upstream_waves", True)],
+                                    color="arch", marker="scales", title="t")
+
+
 lanes = np.arange(64)
 CASES = {
     "decode_floor": lambda: figures.decode_floor([129, 2048], {(1, "MI300X"): [1.0, 9.0], (1, "MI355X"): [0.6, 6.0],
@@ -63,6 +71,7 @@ CASES = {
     "roofline": lambda: figures.roofline(_shapes()),
     "static_facts": lambda: figures.static_facts(_static(), list(STAGES), [(a, b) for a in ARCHS for b in (16, 64)]),
     "trace_facts": lambda: figures.trace_facts(_trace(), list(STAGES), ARCHS),
+    "upstream_margins": _margins,
 }
 
 
@@ -96,5 +105,26 @@ def test_load_segments_counts_segments():
     try:
         titles = [a.get_title() for a in fig.axes]
         assert titles[0] == "plain: 64 segments (minimum 16)" and titles[1] == "blocked: 16 segments (minimum 16)"
+    finally:
+        plt.close(fig)
+
+
+def test_upstream_margins_counts_configurations_that_meet_upstream():
+    fig = _margins()  # registers: 20 fewer than upstream at query_len 1, 10 more at 4
+    try:
+        titles = [a.get_title() for a in fig.axes]
+        assert titles[0] == "VGPR: 8 of 16 configurations meet or beat upstream (margin -10 to 20)"
+        assert titles[1] == "waves: 16 of 16 configurations meet or beat upstream (margin 0 to 1)"
+        ticks = [t.get_text() for t in fig.axes[-1].get_xticklabels()]
+        assert ticks == [f"head_dim {hd}\nquery_len {ql}" for hd in (64, 128) for ql in (1, 4)]
+        # a point below upstream is drawn hollow
+        rows = [dict(head_dim=64, query_len=1, scales="tensor", vgpr=v, upstream_vgpr=100) for v in (90, 110)]
+        short = figures.upstream_margins(rows, [("VGPR", "vgpr", "upstream_vgpr", False)])
+        try:
+            assert short.axes[0].get_title().startswith("VGPR: 1 of 2 configurations")
+            hollow = [c.get_facecolors().size == 0 or c.get_facecolors()[0][3] == 0 for c in short.axes[0].collections]
+            assert hollow == [False, True]
+        finally:
+            plt.close(short)
     finally:
         plt.close(fig)

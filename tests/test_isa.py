@@ -207,6 +207,76 @@ def test_diff_of_compiled_kernels_shows_deltas(asm):
     assert all(r[0] != "mnemonic" for r in isa.diff_rows(a, b, mnemonics=False))
 
 
+def test_compact_diff_keeps_changes_and_headline_rows(asm):
+    a = isa.IsaStats.from_asm(asm["vadd", "gfx942"])
+    b = isa.IsaStats.from_asm(asm["lds", "gfx942"])
+    full = isa.diff(a, b, labels=("vadd", "rot_sum"))
+    compact = isa.diff(a, b, labels=("vadd", "rot_sum"), compact=True)
+    rows = {(sec, k): d for sec, k, _, _, d in isa.diff_rows(a, b)}
+    names = [ln.strip().split("  ")[0] for ln in compact.splitlines()[2:] if not ln.endswith(":")]
+    same_vgpr = a.vgpr == a.vgpr_unified and b.vgpr == b.vgpr_unified  # then "vgpr" repeats "vgpr unified"
+    changed = [k for (sec, k), d in rows.items() if d != "0" and not (k == "vgpr" and same_vgpr)]
+    assert set(names) == set(changed) | set(isa.HEADLINE) and len(names) == len(set(names))
+    assert "agpr" not in names and ("vgpr" in names) == (not same_vgpr and "vgpr" in changed)
+    # the rows it keeps read as in the full table
+    for ln in compact.splitlines()[2:]:
+        if not ln.endswith(":"):
+            assert ln in full.splitlines()
+    assert compact.splitlines()[:2] == full.splitlines()[:2] and len(compact.splitlines()) < len(full.splitlines())
+    assert "0       0" not in compact  # a family row that changed nowhere is gone
+    # a kernel against itself: only the headline rows, all 0
+    same = isa.diff(a, a, compact=True, mnemonics=False).splitlines()[2:]
+    assert [ln.split()[-1] for ln in same] == ["0"] * len(isa.HEADLINE)
+    assert [ln.rsplit(None, 3)[0] for ln in same] == list(isa.HEADLINE)
+
+
+def test_diff_side_by_side_has_one_column_group_per_pair(asm):
+    pairs = {arch: (isa.IsaStats.from_asm(asm["vadd", arch]), isa.IsaStats.from_asm(asm["lds", arch]))
+             for arch in ARCHS}
+    text = isa.diff_side_by_side(pairs, labels=("vadd", "rot_sum"))
+    lines = text.splitlines()
+    assert lines[0].split() == list(ARCHS)
+    assert lines[1].split() == ["metric"] + ["vadd", "rot_sum", "delta"] * 2 and set(lines[2]) == {"-"}
+    for arch in ARCHS:  # the arch's name sits over its three columns
+        col = lines[0].index(arch)
+        assert lines[1].index("vadd", col - 8 if arch != ARCHS[0] else 0) - col < 8
+    singles = {arch: isa.diff(*pairs[arch], labels=("vadd", "rot_sum"), mnemonics=False) for arch in ARCHS}
+    for ln in lines[3:]:
+        if ln.endswith(":"):
+            continue
+        parts = ln.split()
+        metric, cells = " ".join(parts[:-6]), parts[-6:]
+        for j, arch in enumerate(ARCHS):
+            row = next((x for x in singles[arch].splitlines()[2:] if x.strip().startswith(metric + " ")), None)
+            if row is None:  # a width only the other arch has: 0 on both sides here
+                assert cells[3 * j:3 * j + 3] == ["0", "0", "0"]
+            else:
+                assert row.split()[-3:] == cells[3 * j:3 * j + 3], (arch, metric)
+    assert any(ln.startswith("LDS bytes") for ln in lines) and not any(ln.startswith("agpr") for ln in lines)
+    one = isa.diff_side_by_side({"gfx942": pairs["gfx942"]}, labels=("vadd", "rot_sum"), compact=False)
+    assert one.splitlines()[1:] == isa.diff(*pairs["gfx942"], labels=("vadd", "rot_sum"), mnemonics=False).splitlines()
+    with pytest.raises(ValueError, match="no pair"):
+        isa.diff_side_by_side({})
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_loop_phases_split_at_the_main_loop(asm, arch):
+    text = asm["lds", arch]
+    s = isa.IsaStats.from_asm(text)
+    lp = s.main_loop
+    phases = isa.loop_phases(s)
+    assert phases == isa.loop_phases(text)
+    (p, p0, p1), (l, l0, l1), (e, e0, e1) = phases
+    assert (p, l, e) == ("prologue", "loop", "epilogue")
+    assert p0 == 1 and p1 + 1 == l0 == lp.start_line and l1 == lp.end_line == e0 - 1 and e1 >= len(text.splitlines())
+    names = isa.loop_phases(s, names=("before", "in", "after"))
+    assert [n for n, _, _ in names] == ["before", "in", "after"]
+    # the loop's lines are exactly those of its instructions' span (header label excluded)
+    lines = text.splitlines()
+    assert lines[l0 - 2] == f"{lp.header}:" and lines[l1 - 1].split()[1] == lp.header
+    assert isa.loop_phases(isa.IsaStats.from_asm(asm["vadd", arch])) == [("prologue", 1, isa._LAST_LINE)]
+
+
 def test_summary_dict_and_notebook_views(asm):
     s = isa.IsaStats.from_asm(asm["lds", "gfx950"])
     text = isa.summary(s)

@@ -821,6 +821,8 @@ class Trace:
     carries ``seq``, the number of instructions counted so far, so any window of the dynamic stream
     can be summarised: place :meth:`mark` calls (e.g. from a breakpoint on a label, or by the
     notebook between launches) and ask for ``summary(*trace.window("tile", i))``.
+    :meth:`grouped_summary` / :meth:`grouped_table` merge the lines of one instruction that access
+    memory alike (optionally per prologue / loop / epilogue): the short form a chapter prints.
     :meth:`stop`/:meth:`start` pause recording; ``waves`` restricts recording to some wave ids
     (only when the core passes ``wave=``). ``keep_stream=True`` also stores the mnemonic of every
     instruction so counts over arbitrary windows are available. ``count_lines=True`` also counts
@@ -1022,9 +1024,124 @@ class Trace:
                                 str(a["line"]), a["mnemonic"], a["space"]))
         return out
 
+    def grouped_summary(self, start: int | None = None, stop: int | None = None, *, phases=None,
+                        shapes: bool = True, merge_scalar: bool = False) -> list[dict]:
+        """:meth:`summary` with the instruction lines that do the same thing merged into one row.
 
-def format_table(rows: list[dict], columns: Sequence[str] | None = None, floatfmt: str = ".2f") -> str:
-    """Plain-text table of a list of dicts (no pandas needed)."""
+        A kernel issues the same access from many lines (16 ``buffer_load_dwordx4`` of K and V, a
+        dozen ``ds_read_b128``); this is the short table that says what they do. Lines are grouped
+        by ``(phase, space, mnemonic, shape)``:
+
+        * ``phases``: ``None`` (no phase), a sequence of ``(name, first_line, last_line)`` ranges
+          (inclusive; e.g. prologue / loop / epilogue from ``pa_tile.isa.loop_phases``), or a
+          callable ``line -> name``. A line in no range has phase ``None``.
+        * ``shapes=True`` keeps lines apart whose access differs per execution: bytes, 64-byte
+          segments and minimum segments (global/buffer), bytes and worst conflict degree (LDS).
+          A broadcast load then never hides among coalesced ones. ``shapes=False`` merges them
+          (the per-execution figures become means). Scalar loads group by mnemonic only, or
+          all into one row per phase named ``"scalar loads"`` with ``merge_scalar=True``.
+
+        Each row: ``phase`` (only with ``phases``), ``space``, ``mnemonic``, ``lines`` (how many
+        instruction lines), ``first_line``/``last_line`` (integer lines only, else None),
+        ``executions``, ``bytes`` and ``bytes_per_exec``; global/buffer rows add ``segments``,
+        ``min_segments`` (totals), ``segments_per_exec``, ``min_segments_per_exec``, ``efficiency``
+        (``min_segments / segments``) and ``distinct_bytes``; LDS rows ``max_degree``,
+        ``mean_degree`` (per execution) and ``conflict_cycles``. Per-execution figures are ints
+        when whole. Totals equal those of :meth:`summary`. Rows are ordered by phase (the order
+        of ``phases``; a callable's phases by first line), then global, buffer, LDS, scalar, then
+        first line.
+        """
+        if phases is None:
+            def phase_of(line):
+                return None
+            order: dict = {}
+        elif callable(phases):
+            phase_of, order = phases, {}
+        else:
+            ranges = [(name, int(lo), int(hi)) for name, lo, hi in phases]
+            order = {}
+            for name, _, _ in ranges:
+                order.setdefault(name, len(order))
+
+            def phase_of(line):
+                if isinstance(line, int):
+                    for name, lo, hi in ranges:
+                        if lo <= line <= hi:
+                            return name
+                return None
+
+        def per(total, n):
+            return total // n if total % n == 0 else total / n
+
+        groups: dict = {}
+        for r in self.summary(start, stop):
+            n, space = r["executions"], r["space"]
+            if not shapes or space == "scalar":
+                shape = ()
+            elif space == "lds":
+                shape = (per(r["bytes"], n), r["max_degree"])
+            else:
+                shape = (per(r["bytes"], n), per(r["segments"], n), per(r["min_segments"], n))
+            phase = phase_of(r["line"])
+            mnemonic = "scalar loads" if merge_scalar and space == "scalar" else r["mnemonic"]
+            groups.setdefault((phase, space, mnemonic, shape), []).append(r)
+        out = []
+        for (phase, space, mnemonic, _), rows in groups.items():
+            ints = [r["line"] for r in rows if isinstance(r["line"], int)]
+            n = sum(r["executions"] for r in rows)
+            a = dict(phase=phase, space=space, mnemonic=mnemonic, lines=len(rows),
+                     first_line=min(ints) if ints else None, last_line=max(ints) if ints else None,
+                     executions=n, bytes=sum(r["bytes"] for r in rows))
+            a["bytes_per_exec"] = per(a["bytes"], n)
+            if mnemonic == "scalar loads" and not isinstance(a["bytes_per_exec"], int):
+                a["bytes_per_exec"] = None  # loads of several widths: no one figure per execution
+            if space == "lds":
+                a["max_degree"] = max(r["max_degree"] for r in rows)
+                a["mean_degree"] = sum(r["mean_degree"] * r["executions"] for r in rows) / n
+                a["conflict_cycles"] = sum(r["conflict_cycles"] for r in rows)
+            elif space != "scalar":
+                for k in ("segments", "min_segments", "distinct_bytes"):
+                    a[k] = sum(r[k] for r in rows)
+                a["segments_per_exec"] = per(a["segments"], n)
+                a["min_segments_per_exec"] = per(a["min_segments"], n)
+                a["efficiency"] = a["min_segments"] / a["segments"] if a["segments"] else 1.0
+            if phases is None:
+                del a["phase"]
+            out.append(a)
+        first_seen: dict = {}  # a callable's phases, in the order of their first line
+        for a in sorted(out, key=lambda a: (a["first_line"] is None, a["first_line"] or 0)):
+            first_seen.setdefault(a.get("phase"), len(first_seen))
+
+        def phase_rank(p):
+            if p in order:
+                return order[p]
+            return len(order) + (len(first_seen) if order else first_seen[p])  # outside the ranges: last
+
+        rank = {"global": 0, "buffer": 1, "lds": 2, "scalar": 3}
+        out.sort(key=lambda a: (phase_rank(a.get("phase")), rank.get(a["space"], 4), a["first_line"] is None,
+                                a["first_line"] or 0, a["mnemonic"]))
+        return out
+
+    #: the columns of :meth:`grouped_table`, and their headers
+    GROUPED_COLUMNS = {"phase": "phase", "mnemonic": "mnemonic", "lines": "lines", "executions": "execs",
+                       "bytes_per_exec": "B/exec", "segments_per_exec": "segs/exec",
+                       "min_segments_per_exec": "min segs/exec", "max_degree": "conflict degree",
+                       "conflict_cycles": "conflict cycles"}
+
+    def grouped_table(self, start: int | None = None, stop: int | None = None, *, phases=None,
+                      shapes: bool = True, merge_scalar: bool = True) -> str:
+        """:meth:`grouped_summary` as a plain-text table (scalar loads merged by default): per
+        row the instruction lines it merges and their executions, then per execution the bytes,
+        the 64-byte segments touched and the fewest possible (global/buffer), or the worst bank
+        conflict degree and the conflict cycles of all executions (LDS)."""
+        rows = self.grouped_summary(start, stop, phases=phases, shapes=shapes, merge_scalar=merge_scalar)
+        cols = [c for c in self.GROUPED_COLUMNS if c != "phase" or phases is not None]
+        return format_table(rows, cols, headers=self.GROUPED_COLUMNS)
+
+
+def format_table(rows: list[dict], columns: Sequence[str] | None = None, floatfmt: str = ".2f",
+                 headers: dict | None = None) -> str:
+    """Plain-text table of a list of dicts (no pandas needed); ``headers`` renames columns."""
     if not rows:
         return "(empty)"
     cols = list(columns) if columns else list(dict.fromkeys(k for r in rows for k in r))
@@ -1035,8 +1152,9 @@ def format_table(rows: list[dict], columns: Sequence[str] | None = None, floatfm
         return "" if v is None else str(v)
 
     body = [[cell(r.get(c)) for c in cols] for r in rows]
-    widths = [max(len(c), *(len(b[i]) for b in body)) for i, c in enumerate(cols)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(cols, widths)),
+    names = [(headers or {}).get(c, c) for c in cols]
+    widths = [max(len(c), *(len(b[i]) for b in body)) for i, c in enumerate(names)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(names, widths)),
              "  ".join("-" * w for w in widths)]
     lines += ["  ".join(v.rjust(w) if v[:1].isdigit() or v[:1] == "-" else v.ljust(w)
                         for v, w in zip(b, widths)) for b in body]
