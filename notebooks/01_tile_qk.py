@@ -413,11 +413,7 @@ class Tiles:
 # %% [markdown]
 # The three phases of a tile. **Scores**: K is gathered page by page straight into the B
 # fragments (each 8-byte piece's virtual offset translated through the block table), one
-# `gemm` over the tile, the scores copied to LDS. **Softmax**: each thread reads its 16
-# scores of its row, masks tokens past the context, and updates `(m, l)` with the row's
-# max and sum (16-lane butterflies); `P` goes to LDS as fp8. **P·V**: every wave reads all of
-# `P` back, gathers its V pieces, zeroes those past the context, and accumulates
-# `O · correction + P·V` with each output row's correction read back from LDS.
+# `gemm` over the tile, the scores copied to LDS.
 
 # %% tags=["export"]
 def tile_scores(t, tile, key_cache, num_kv_heads, kv_head):
@@ -431,7 +427,11 @@ def tile_scores(t, tile, key_cache, num_kv_heads, kv_head):
     fx.copy(t.s32, t.c_copy.retile(s_mma), t.c_copy.partition_D(t.sS))
     fx.gpu.barrier()
 
+# %% [markdown]
+# **Softmax**: each thread reads its 16 scores of its row, masks tokens past the context, and
+# updates `(m, l)` with the row's max and sum (16-lane butterflies); `P` goes to LDS as fp8.
 
+# %% tags=["export"]
 def tile_softmax(t, n_valid, row_factor, m_old, l_old, fp8, fp8_max_):
     """The online softmax, row-wise (16 threads per row, 16 scores each); P to LDS as fp8.
     Returns ``(m_new, l_new, correction)``."""
@@ -449,7 +449,12 @@ def tile_softmax(t, n_valid, row_factor, m_old, l_old, fp8, fp8_max_):
     fx.copy(t.p_atom, p_frag, t.p_dst)
     return m_new, l_new, correction
 
+# %% [markdown]
+# **P·V**: every wave reads all of `P` back, gathers its V pieces, zeroes those past the
+# context, and accumulates `O · correction + P·V` with each output row's correction read back
+# from LDS.
 
+# %% tags=["export"]
 def tile_pv(t, tile, value_cache, num_kv_heads, kv_head, n_valid, o_old, sRow):
     """O = O * correction + P·V, with every wave reading all of P back from LDS."""
     p_mma = t.thr_mma.make_fragment_A(t.sP)
@@ -490,13 +495,13 @@ def normalized_output(t, final, sRow, v_scale, fp8_max_, tid):
 
 
 # %% [markdown]
-# The kernel: the buffer tensors, the scale loads and the LDS views, then parts 1 to 4.
+# The workgroup's LDS: the quantized query, one tile's raw scores and its fp8 `P`, and one
+# scalar per query row that the softmax hands to P·V (the correction; after the loop, the sum).
+# The kernel views each array as a row-major tensor of query rows.
 
 # %% tags=["export"]
-@functools.lru_cache(maxsize=None)
-def build_launcher(arch, block_size, group_size, softmax_scale):
-    """The stage-1 ``@flyc.jit`` launcher for one configuration (all four are compile-time)."""
-    fp8, fp8_max_ = FX_FP8[fp8_format(arch)], fp8_max(arch)
+def shared_storage(fp8):
+    """The workgroup's LDS as a FlyDSL struct (``fp8``: the arch's fp8 element type)."""
 
     @fx.struct
     class SharedStorage:
@@ -505,22 +510,37 @@ def build_launcher(arch, block_size, group_size, softmax_scale):
         p: fx.Array[fp8, MMA_ROWS * TILE_TOKENS, 16]  # quantized probabilities of one tile
         row: fx.Array[fx.Float32, MMA_ROWS, 16]  # per-row scalar handed from softmax to P·V
 
+    return SharedStorage
+
+
+def lds_views(lds):
+    """``(sQ, sS, sP, sRow)``: the arrays of an allocated ``shared_storage``, as row-major tensors."""
+    sQ = lds.q.view(fx.make_layout((MMA_ROWS, HEAD_DIM), (HEAD_DIM, 1)))
+    sS = lds.s.view(fx.make_layout((MMA_ROWS, TILE_TOKENS), (TILE_TOKENS, 1)))
+    sP = lds.p.view(fx.make_layout((MMA_ROWS, TILE_TOKENS), (TILE_TOKENS, 1)))
+    sRow = lds.row.view(fx.make_layout(MMA_ROWS, 1))
+    return sQ, sS, sP, sRow
+
+# %% [markdown]
+# The kernel: the buffer tensors, the scale loads and the LDS views, then parts 1 to 4.
+
+# %% tags=["export"]
+@functools.lru_cache(maxsize=None)
+def build_launcher(arch, block_size, group_size, softmax_scale):
+    """The stage-1 ``@flyc.jit`` launcher for one configuration (all four are compile-time)."""
+    fp8, fp8_max_ = FX_FP8[fp8_format(arch)], fp8_max(arch)
+    SharedStorage = shared_storage(fp8)
+
     def paged_decode_kernel(query: fx.Tensor, key_cache: fx.Tensor, value_cache: fx.Tensor, block_tables: fx.Tensor,
                             context_lengths: fx.Tensor, key_scale: fx.Tensor, value_scale: fx.Tensor, out: fx.Tensor,
                             num_kv_heads: fx.Int32):
         tid, seq, kv_head = fx.thread_idx.x, fx.block_idx.x, fx.block_idx.y
-        row = tid // ROW_THREADS  # row-wise phases: this thread's query row ...
-        part = tid % ROW_THREADS  # ... and its sixteenth of that row
+        row, part = tid // ROW_THREADS, tid % ROW_THREADS  # row-wise phases: this thread's query row, its sixteenth
         query, key_cache, value_cache, block_tables, out = (
             fx.rocdl.make_buffer_tensor(x) for x in (query, key_cache, value_cache, block_tables, out))
         context_len = fx.Int32(context_lengths[seq])
-        k_scale = fx.Float32(key_scale[0])
-        v_scale = fx.Float32(value_scale[0])
-        lds = fx.SharedAllocator().allocate(SharedStorage).peek()
-        sQ = lds.q.view(fx.make_layout((MMA_ROWS, HEAD_DIM), (HEAD_DIM, 1)))
-        sS = lds.s.view(fx.make_layout((MMA_ROWS, TILE_TOKENS), (TILE_TOKENS, 1)))
-        sP = lds.p.view(fx.make_layout((MMA_ROWS, TILE_TOKENS), (TILE_TOKENS, 1)))
-        sRow = lds.row.view(fx.make_layout(MMA_ROWS, 1))
+        k_scale, v_scale = fx.Float32(key_scale[0]), fx.Float32(value_scale[0])
+        sQ, sS, sP, sRow = lds_views(fx.SharedAllocator().allocate(SharedStorage).peek())
 
         row_factor = quantize_query(query, seq, kv_head, tid, row, group_size, fp8, fp8_max_, sQ,
                                     softmax_scale * LOG2E, k_scale)  # softmax in base 2: exp(x) = exp2(x·log2 e)

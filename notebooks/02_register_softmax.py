@@ -292,6 +292,12 @@ class Shared:
     xchg: fx.Array[fx.Float32, WAVES * 2 * WAVE * 4, 16]  # [sender][2 slots][lane] x f32x4
 
 
+# %% [markdown]
+# `Shared` above is the only LDS the kernel declares: the merge's row statistics and the exchange
+# slots, 8.5 KB, touched once after the loop. `Workgroup` below fixes everything that does not
+# change from tile to tile, so the loop body is four method calls.
+
+# %% tags=["export"]
 class Workgroup:
     """What one workgroup fixes before its loop, and its per-tile math (runs while tracing)."""
 
@@ -552,9 +558,8 @@ def isa_stats(stage, arch, block_size=16, group=8):
 
 
 stats = {(s, arch): isa_stats(s, arch) for s in (1, 2) for arch in ARCHS}
-for arch in ARCHS:
-    print(isa.diff(stats[1, arch], stats[2, arch], labels=("stage 1", "stage 2"), mnemonics=False))
-    print()
+# the rows that changed on either arch, and the headline facts
+print(isa.diff_side_by_side({arch: (stats[1, arch], stats[2, arch]) for arch in ARCHS}, labels=("stage 1", "stage 2")))
 
 # %%
 def loop_row(stage, arch):
@@ -596,8 +601,10 @@ print(format_table([loop_row(s, a) for a in ARCHS for s in (1, 2)]))
 # ## Memory traffic of one tile
 #
 # One sequence of exactly one tile (256 tokens, block 16, group 8) on gfx942, traced by the
-# emulator: every memory instruction with its bytes, the 64-byte segments it touched (and
-# the fewest possible), and LDS bank conflicts (the merge only).
+# emulator: every memory instruction, before, in and after the loop, with its bytes, the 64-byte
+# segments it touched (and the fewest possible), and LDS bank conflicts (the merge only). One
+# row per kind of access: the lines of one instruction that move the same bytes and touch the
+# same segments are counted together (`lines`; `execs` = executions by all waves).
 
 # %% tags=["nbval-ignore-output"]
 from pa_tile.emu import launch as emu_launch  # noqa: E402
@@ -606,11 +613,11 @@ from pa_tile.emu.memory import Trace  # noqa: E402
 if backend.current_backend() == "emu":
     case = cache.make_case(1, 8, 1, 128, 16, 256, fp8_format="fnuz", pad_block_id=-1)
     trace = Trace("gfx942")
-    with emu_launch.launch_options(trace=trace):
+    with emu_launch.record_launches() as launched, emu_launch.launch_options(trace=trace):
         paged_decode(case.query, case.k_cache, case.v_plain(), case.block_tables, case.context_lengths,
                      case.k_scale, case.v_scale, arch="gfx942")
-    cols = ["mnemonic", "space", "executions", "bytes", "segments", "min_segments", "max_degree", "conflict_cycles"]
-    print(format_table(trace.summary(), ["line"] + cols))
+    # prologue / loop / epilogue: the lines before, in and after the main loop of the code that ran
+    print(trace.grouped_table(phases=isa.loop_phases(launched[0].asm, kernel=launched[0].kernel)))
 else:
     print("ran on the GPU: memory traces are recorded only by the emulator (PA_TILE_BACKEND=emu)")
 

@@ -204,6 +204,26 @@ LIMITS = dataclasses.replace(s2.LIMITS, stage="s3")
 # same entry and the compiler already reads it once.
 
 # %% tags=["export"]
+def loop_entry_state(pages, prefetch):
+    """``(values, base)``: what the tile loop carries in, and the index where its softmax state
+    starts. With the K prefetch: tile 0's K (loaded here, before the loop), tile 1's K page and tile
+    0's V page; without: tile 0's K and V pages. Then 8 zero output chunks, the running max
+    (``MASKED``) and the running sum (0)."""
+    zero4 = fx.Vector.filled(4, 0.0, fx.Float32)
+    softmax0 = [zero4] * 8 + [fx.Float32(MASKED), fx.Float32(0.0)]
+    if prefetch:
+        carried = [pages.k(pages.page_id(0, pages.k_j)), pages.page_id(1, pages.k_j), pages.page_id(0, pages.v_j)]
+    else:
+        carried = [pages.page_id(0, pages.k_j), pages.page_id(0, pages.v_j)]
+    return carried + softmax0, len(carried)
+
+
+# %% [markdown]
+# The kernel: stage 2's `Workgroup` for everything outside the loop, and a loop whose carried
+# values are the ones above. With the prefetch, each iteration issues this tile's V and the next
+# tile's K before any math, so both land while the MFMAs of this tile run.
+
+# %% tags=["export"]
 @functools.lru_cache(maxsize=None)
 def build_launcher(block_size: int, group: int, arch: str, prefetch_k: bool = True):
     """The ``@flyc.jit`` launcher for one (block_size, group, arch, prefetch_k) specialization."""
@@ -216,16 +236,8 @@ def build_launcher(block_size: int, group: int, arch: str, prefetch_k: bool = Tr
                           num_kv_heads, max_blocks, scale_log2, block_size=block_size, group=group,
                           fp8_max=fp8_max(arch))
         pages = wg.pages
-        zero4 = fx.Vector.filled(4, 0.0, fx.Float32)
-        softmax0 = [zero4] * 8 + [fx.Float32(MASKED), fx.Float32(0.0)]
-        if const_expr(PREFETCH):
-            # carried: this tile's K (already loaded), the next tile's K page, this tile's V page
-            state = [pages.k(pages.page_id(0, pages.k_j)), pages.page_id(1, pages.k_j), pages.page_id(0, pages.v_j)]
-            base = 3
-        else:
-            state = [pages.page_id(0, pages.k_j), pages.page_id(0, pages.v_j)]
-            base = 2
-        for t, st in range(0, wg.num_tiles, 1, init=state + softmax0):
+        state, base = loop_entry_state(pages, PREFETCH)
+        for t, st in range(0, wg.num_tiles, 1, init=state):
             t = fx.Int32(t)
             o = [st[base + j] for j in range_constexpr(8)]
             m_old, l_old = st[base + 8], st[base + 9]
@@ -432,10 +444,10 @@ assert all(r["ok"] and r["same_as_stage2"] for r in table)
 # ## What it compiles to, against chapter 2
 
 # %%
-for arch in ARCHS:
-    print(isa.diff(isa.IsaStats.from_asm(asms["stage 2", arch]), isa.IsaStats.from_asm(asms["s3 prefetch_k=True", arch]),
-                   labels=("stage 2", "stage 3"), mnemonics=False))
-    print()
+# the rows that changed on either arch, and the headline facts
+print(isa.diff_side_by_side({arch: (isa.IsaStats.from_asm(asms["stage 2", arch]),
+                                    isa.IsaStats.from_asm(asms["s3 prefetch_k=True", arch])) for arch in ARCHS},
+                            labels=("stage 2", "stage 3")))
 
 # %% [markdown]
 # ## Load instructions by width, stage 1 → 3
@@ -490,14 +502,17 @@ else:
 #
 # ## Memory traffic of one tile
 #
-# The full trace of stage 3 for that tile: bytes, 64-byte segments touched (and the fewest
-# possible), LDS bank conflicts (the merge only).
+# The full trace of stage 3 for that tile, before, in and after the loop: bytes, 64-byte
+# segments touched (and the fewest possible), LDS bank conflicts (the merge only), per
+# execution; the lines of one instruction that access memory alike share a row. The loop's
+# second `dwordx4` row is that prefetch: clamped to the last page, a wave's 64 lanes read the
+# same 256 bytes, 4 segments (below the "minimum", which assumes every lane's bytes distinct).
 
 # %% tags=["nbval-ignore-output"]
 if EMU:
-    trace3 = traced(s3)
-    cols = ["mnemonic", "space", "executions", "bytes", "segments", "min_segments", "max_degree", "conflict_cycles"]
-    print(format_table(trace3.summary(), ["line"] + cols))
+    with emu_launch.record_launches() as launched:
+        trace3 = traced(s3)
+    print(trace3.grouped_table(phases=isa.loop_phases(launched[0].asm, kernel=launched[0].kernel)))
 else:
     print(NO_TRACE)
 

@@ -62,30 +62,34 @@ from pa_tile.progress import progress as tqdm
 #
 # Everything chapter 2 built at the instruction level (buffer loads, the fp8 pack, the
 # 16×16×32 MFMA, lane butterflies, LDS helpers) is reused unchanged from
-# `pa_tile.stages.s2_register_softmax`; this module only adds what is new.
+# `pa_tile.stages.s2_register_softmax`; this module only adds what is new. It starts from stage
+# 2's register-resident design (each wave owns 64 tokens of every 256-token tile, turned-around
+# scores `D[token, row] = K·Qᵀ`, P·V with V as A and P as B so the output fragment is
+# `[head-dim, query-row]`, one four-wave merge after the loop) and widens it to:
+#
+# * query_length 1..4 and query-group sizes 1..32: the `query_length·group` query rows of a
+#   (sequence, KV head) are flattened (MTP position outer, head inner) and tiled into 16-row
+#   M-tiles; a workgroup runs up to `m_tiles` of them (default: all, so K and V are read once;
+#   grid y = KV heads × M-groups) and loads the query once, staged in LDS; the last
+#   `query_length` positions are causally masked, with an optional sliding window;
+# * the phase split: on K's registers each M-tile's scores, row max and fp8 P in turn, then on V's
+#   every M-tile's P·V, so K and V are read once for all of a workgroup's M-tiles; by default P·V
+#   is split across the waves by head_dim (upstream's split: a shared row max and P through LDS, a
+#   quarter of the output registers; `WIDE_ABOVE` keeps the register-resident loop for
+#   comparison);
+# * blocked K `[nb, kvh, head_dim//16, block, 16]`, trans-blocked V `[nb, kvh, block//16,
+#   head_dim, 16]` (or plain V `[nb, kvh, head_dim, block]`), head_dim 64/128/256, f16/bf16
+#   query (any row/head strides, unit channel stride), output in the query dtype;
+# * per-tensor `[1]` or per-token `[nb, kvh, block]` float32 K/V scales;
+# * `num_partitions` (grid z) > 1 writes per-partition partial results for a reduce kernel.
 
 # %% tags=["export"]
 """Stage 5: phase-split multi-token (MTP) decode and wide GQA.
 
-Stage 2's register-resident design (each wave owns 64 tokens of every 256-token tile, turned-around
-scores ``D[token, row] = K·Qᵀ``, P·V with V as A and P as B so the output fragment is
-``[head-dim, query-row]``, one four-wave merge after the loop) widened to:
-
-* query_length 1..4 and query-group sizes 1..32: the ``query_length·group`` query rows of a
-  (sequence, KV head) are flattened (MTP position outer, head inner) and tiled into 16-row
-  M-tiles; a workgroup runs up to ``m_tiles`` of them (default: all, so K and V are read once;
-  grid y = KV heads x M-groups) and loads the query once, staged in LDS; the last
-  ``query_length`` positions are causally masked, with an optional sliding window;
-* the phase split: on K's registers each M-tile's scores, row max and fp8 P in turn, then on V's
-  every M-tile's P·V, so K and V are read once for all of a workgroup's M-tiles; by default P·V
-  is split across the waves by head_dim (upstream's split: a shared row max and P through LDS, a
-  quarter of the output registers; ``WIDE_ABOVE`` keeps the register-resident loop for
-  comparison);
-* blocked K ``[nb, kvh, head_dim//16, block, 16]``, trans-blocked V ``[nb, kvh, block//16,
-  head_dim, 16]`` (or plain V ``[nb, kvh, head_dim, block]``), head_dim 64/128/256, f16/bf16
-  query (any row/head strides, unit channel stride), output in the query dtype;
-* per-tensor ``[1]`` or per-token ``[nb, kvh, block]`` float32 K/V scales;
-* ``num_partitions`` (grid z) > 1 writes per-partition partial results for a reduce kernel.
+Stage 2's register-resident kernel widened to query_length 1..4 and groups up to 32 (16-row
+M-tiles, causal mask, sliding window) by the phase split and the head_dim split of P·V; blocked
+K, trans-blocked or plain V, head_dim 64/128/256, per-token scales, and split-K partials
+(``num_partitions``) for stage 6's reduce.
 """
 
 import functools
@@ -111,7 +115,8 @@ __all__ = ["paged_decode", "paged_decode_partials", "build_launcher", "launch_ar
            "tile_range", "stage_scales", "phase_b", "store_stats", "merge_weights", "Spec", "stage_query",
            "score_factors", "lane_scales", "k_scaled", "phase_a", "write_rows", "merge_and_write", "WidePages", "wide_v",
            "wide_scores", "wide_v_max", "wide_v_weight", "wide_pv", "wide_loop", "wide_merge_and_write", "make_kernel",
-           "partial_shapes", "check_partial_offsets", "v_with_k"]
+           "partial_shapes", "check_partial_offsets", "v_with_k", "lds_layout", "workgroup_work", "page_readers",
+           "per_token_slots", "resident_loop"]
 
 #: what the stage-5 kernel supports (upstream's tile kernel takes head_dim 64, 128 and 256 too)
 LIMITS = problem.Limits(stage="s5", head_dims=(64, 128, 256), block_sizes=(16, 64), groups=None, max_group=32,
@@ -502,6 +507,10 @@ def merge_weights(stats, m, col, m_w, o_w, v_scale, split):
     return [fx.Vector(x) * splat4(f) for x in o_w], mx, total
 
 
+# %% [markdown]
+# The merge's exchange goes through the LDS the query was staged in, so its rounds are sized to
+# what that region holds anyway: `exchange_slots` picks the slots per round and the region's size.
+
 # %% tags=["export"]
 def exchange_slots(head_dim, m_tiles):
     """d-chunk slots each wave sends per round of the merge, and the bytes of the shared region the
@@ -516,7 +525,12 @@ def exchange_slots(head_dim, m_tiles):
         slots //= 2
     return slots, max(staged, WAVES * WAVE * 16 * slots)
 
+# %% [markdown]
+# **The specialization.** Every compile-time size the kernel's pieces read comes from one object,
+# built once per `build_launcher` call: the problem's shape, the M-tiles per workgroup (`plan`),
+# which loop runs (`WIDE`) and the LDS offsets.
 
+# %% tags=["export"]
 class Spec:
     """The compile-time constants of one specialization (``build_launcher``'s arguments and what
     follows from them): every piece of the kernel below reads its sizes from here."""
@@ -546,28 +560,34 @@ class Spec:
         self.Q_SCALES = self.MT * self.NH * WAVE * 16  # byte offset of the staged query scales
         self.SC_FLOATS = WAVES * 2 * WAVE if per_token else 4  # [wave][K scale | V weight][token]
 
-    def lds_layout(self):
-        """The workgroup's LDS, as a FlyDSL struct."""
-        if self.WIDE:
-            @fx.struct
-            class Wide:
-                stats: fx.Array[fx.Float32, self.MT * 16 * WAVES, 16]  # [m-tile][row][wave]: max; after the loop, sum
-                shared: fx.Array[fx.Float32, self.SHARED_BYTES // 4, 16]  # the staged query
-                pslab: fx.Array[fx.Float32, WAVES * WAVE * 4, 16]  # [wave][lane] x 16 fp8 P codes
-                # per token: [wave][K scale | V weight][token], then [wave] V-scale maxes
-                scales: fx.Array[fx.Float32, self.SC_FLOATS + WAVES if self.per_token else 4, 16]
+# %% [markdown]
+# The workgroup's LDS. The head_dim split keeps a row-max table and a slab for P, and no exchange
+# after the loop; the register-resident loop's table holds max and sum, and the region the query
+# was staged in is reused for the merge's exchange.
 
-            return Wide
-
+# %% tags=["export"]
+def lds_layout(c):
+    """The LDS of specialization ``c`` (a :class:`Spec`), as a FlyDSL struct."""
+    if c.WIDE:
         @fx.struct
-        class Shared:
-            stats: fx.Array[fx.Float32, self.MT * 2 * 16 * WAVES, 16]  # [m-tile][max | sum][row][wave]
-            # before the loop: the staged query ([m-tile][K chunk pair][lane] x 16 fp8 codes, then
-            # [m-tile][lane] scales); after it: the merge's exchange, [sender][slot][lane] x f32x4
-            shared: fx.Array[fx.Float32, self.SHARED_BYTES // 4, 16]
-            scales: fx.Array[fx.Float32, self.SC_FLOATS, 16]
+        class Wide:
+            stats: fx.Array[fx.Float32, c.MT * 16 * WAVES, 16]  # [m-tile][row][wave]: max; after the loop, sum
+            shared: fx.Array[fx.Float32, c.SHARED_BYTES // 4, 16]  # the staged query
+            pslab: fx.Array[fx.Float32, WAVES * WAVE * 4, 16]  # [wave][lane] x 16 fp8 P codes
+            # per token: [wave][K scale | V weight][token], then [wave] V-scale maxes
+            scales: fx.Array[fx.Float32, c.SC_FLOATS + WAVES if c.per_token else 4, 16]
 
-        return Shared
+        return Wide
+
+    @fx.struct
+    class Shared:
+        stats: fx.Array[fx.Float32, c.MT * 2 * 16 * WAVES, 16]  # [m-tile][max | sum][row][wave]
+        # before the loop: the staged query ([m-tile][K chunk pair][lane] x 16 fp8 codes, then
+        # [m-tile][lane] scales); after it: the merge's exchange, [sender][slot][lane] x f32x4
+        shared: fx.Array[fx.Float32, c.SHARED_BYTES // 4, 16]
+        scales: fx.Array[fx.Float32, c.SC_FLOATS, 16]
+
+    return Shared
 
 
 # %% [markdown]
@@ -598,7 +618,12 @@ def _stage_rows(c, shared, row, m, q_rs, seq, kvh, q_stride_row, q_stride_head, 
     ops, q_scale = query_operands(q_rs, row_elem, r < c.ROWS, c.FMAX, grp, c.NH, c.QDT)
     _stage_q(shared, m, lane, ops, q_scale, c.NH, c.Q_SCALES)
 
+# %% [markdown]
+# The factors, once per workgroup: `score_factors` reads each M-tile's staged scale back into its
+# `c_qk`. Per token the K scale cannot be in `c_qk` (it varies along the tile), so `k_scaled`
+# multiplies the lane's 16 scores by their tokens' scales, read from the wave's LDS slot 4 at a time.
 
+# %% tags=["export"]
 def score_factors(c, shared, lane, scale_log2, k_scale):
     """Each M-tile's factor from raw scores to log2 units: its query scale times the K scale (per
     tensor; per token the K scale is applied token by token) times ``softmax_scale·log2 e``."""
@@ -649,7 +674,12 @@ def masked_scores(c, s, m, t, tok, ctx, hi1, v_words, zero_v):
                 v_words = zero_tail_v(v_words, ctx - tok)
     return s, v_words
 
+# %% [markdown]
+# Phase A proper calls it once per M-tile, with a `sched_barrier` between M-tiles so that their
+# temporaries do not add up. Per token, the first M-tile also stages the tile's K scales and V
+# weights in the wave's LDS slots. What survives an M-tile is its packed P, correction, max and sum.
 
+# %% tags=["export"]
 @device_code
 def phase_a(c, st, t, tok, ctx, k_words, pages, v_page, shared, lane, c_qk, hi1, per_token_args):
     M0, L0 = 2 + c.MT * c.NCH, 2 + c.MT * c.NCH + c.MT
@@ -788,7 +818,12 @@ def v_with_k(head_dim, block_size, per_token):
     per-token scales on 64-token pages (``tests/test_stage5.py`` checks every configuration)."""
     return head_dim <= 128 and not (per_token and block_size == 64)
 
+# %% [markdown]
+# Where the head_dim split's operands are: each wave still loads its own span's K (and per-token
+# scales), but V by d-chunk: its `CPW` d-chunks of all four spans, so each lane needs the page ids
+# of all four spans.
 
+# %% tags=["export"]
 class WidePages(LanePages):
     """``LanePages`` for the head_dim split: the wave's own span's K (and per-token scales) as
     before, and the V bytes of its ``CPW`` d-chunks in all four spans, lane ``(col, grp)`` loading
@@ -1005,15 +1040,105 @@ def wide_merge_and_write(c, k, res, rows, v_scale, outputs, part, num_kv_heads):
                    o_rs, mx_rs, sm_rs)
 
 # %% [markdown]
-# **The kernel**, put together: the query staged, the main loop (loads for the tile, phase A,
-# phase B, the next tile's page ids carried in the loop state), then the merge of the four waves
-# one M-tile at a time and the output.
+# **The kernel**, in four more pieces and then put together. First, which work a workgroup does:
+# its sequence, KV head and M-group from the block ids and its partition from grid z, or, with
+# chapter 6's work list, the entry it was handed.
+
+# %% tags=["export"]
+@device_code
+def workgroup_work(c, work_list):
+    """``(seq, slot, kvh, mgrp, part, listed, live)`` of this workgroup: ``slot`` is where its
+    partials go; with a work list (``c.WL``) workgroup x does entry x, ``(sequence, first tile,
+    end tile, 0)``: ``listed`` is that tile range and ``live`` is False for an empty entry (past
+    the batch's last chunk), which reads no query."""
+    seq, by, part = fx.Int32(gpu.block_id("x")), fx.Int32(gpu.block_id("y")), fx.Int32(gpu.block_id("z"))
+    kvh, mgrp = by // c.MG, by % c.MG
+    slot, listed, live = seq, None, None
+    if const_expr(c.WL):
+        seq = scalar_load(work_list, slot * 4)
+        listed = (scalar_load(work_list, slot * 4 + 1), scalar_load(work_list, slot * 4 + 2))
+        live = listed[0] < listed[1]
+    return seq, slot, kvh, mgrp, part, listed, live
+
+# %% [markdown]
+# The lane's page readers, and the first tile's page ids issued before the query is staged: their
+# latency runs alongside the query's instead of after the staging barrier (one memory wait less
+# per workgroup; chapter 6's short workgroups pay it once each).
+
+# %% tags=["export"]
+@device_code
+def page_readers(c, bt_rs, k_rs, v_rs, seq, max_blocks, last_page, kvh, num_kv_heads, wave, lane, col, grp,
+                 t_start):
+    """``(pages, wp, first_pages)``: the lane's ``LanePages``, its ``WidePages`` for the head_dim
+    split (else None), and tile ``t_start``'s K and V page ids (four V ids for the split)."""
+    pages = LanePages(bt_rs, k_rs, v_rs, seq * max_blocks, last_page, kvh, num_kv_heads, wave, lane, col,
+                      grp, block_size=c.BS, head_dim=c.HD, trans_v=c.trans_v)
+    wp = None
+    if const_expr(c.WIDE):
+        wp = WidePages(bt_rs, k_rs, v_rs, seq * max_blocks, last_page, kvh, num_kv_heads, wave, lane, col, grp,
+                       block_size=c.BS, head_dim=c.HD, trans_v=c.trans_v, cpw=c.CPW)
+        first_pages = [wp.page_id(t_start, wp.k_j)] + wp.v_page_ids(t_start)
+    else:
+        first_pages = [pages.page_id(t_start, pages.k_j), pages.page_id(t_start, pages.v_j)]
+    return pages, wp, first_pages
+
+# %% [markdown]
+# Per token, the scale buffers and this wave's LDS slots for the tile's 64 K scales and 64 V
+# weights, added to `k`, the kernel's per-workgroup values that both loops read.
+
+# %% tags=["export"]
+def per_token_slots(k, lds, key_scale, value_scale, wave):
+    """Add the K/V scale buffers (``ks_rs``, ``vs_rs``), the scales' LDS (``sc_lds``) and this
+    wave's slots in it (``sc_k``: its 64 K scales, then ``sc_v``: its 64 V weights) to ``k``."""
+    k.ks_rs, k.vs_rs = rsrc(key_scale), rsrc(value_scale)
+    k.sc_lds = fx.recast_iter(fx.Uint8, lds.scales.ptr)
+    k.sc_k = wave * (2 * WAVE * 4)
+    k.sc_v = k.sc_k + WAVE * 4
+
+# %% [markdown]
+# The register-resident main loop (the baseline the head_dim split is measured against): per
+# tile the loads (per-token scales first, then K, then the next tile's page ids), phase A, phase
+# B; the next tile's page ids are carried in the loop state.
+
+# %% tags=["export"]
+@device_code
+def resident_loop(c, k, pages, t_start, t_end, first_pages):
+    """The register-resident main loop (``k``: the kernel's per-workgroup values; ``first_pages``:
+    tile ``t_start``'s K and V page ids); returns its final state ``[k page, v page, O, m, l]``."""
+    MT, NCH = c.MT, c.NCH
+    zero4 = fx.Vector.filled(4, 0.0, fx.Float32)
+    state = list(first_pages)
+    state += [zero4] * (MT * NCH) + [fx.Float32(MASKED)] * MT + [fx.Float32(0.0)] * MT
+    O0 = 2
+    for t, st in range(t_start, t_end, 1, init=state):
+        t = fx.Int32(t)
+        k_page, v_page = st[0], st[1]
+        pt_args = None
+        if const_expr(c.per_token):
+            k_sc1 = pages.scale(k.ks_rs, v_page)  # issued first: the oldest loads, waited for first
+            v_sc1 = pages.scale(k.vs_rs, v_page)
+            pt_args = (k.sc_lds, k.sc_k, k.sc_v, k_sc1, v_sc1, k.wave, k.grp)
+        k_words = pages.k(k_page)
+        k_page_next = pages.page_id(t + 1, pages.k_j)
+        v_page_next = pages.page_id(t + 1, pages.v_j)
+        fx.rocdl.sched_barrier(0)  # K (and scales, page ids) ahead of phase A
+        tok = t * TILE + k.wave * SPAN + k.grp * 16  # the lane's first token
+        p_all, corr_all, m_new, l_next, v_words, pt = phase_a(c, st, t, tok, k.ctx, k_words, pages, v_page,
+                                                              k.shared, k.lane, k.c_qk, k.hi1, pt_args)
+        # phase B: every M-tile's P·V on V's registers (V as A, P as B: O is [d, row])
+        o_next = phase_b([st[O0 + i] for i in range_constexpr(MT * NCH)], v_words, p_all, corr_all, pt)
+        res = yield [k_page_next, v_page_next] + o_next + m_new + l_next
+    return res
+
+# %% [markdown]
+# The kernel, put together: the workgroup's work and buffers, the first page ids, the query
+# staged and its score factors, then one of the two main loops and its merge of the four waves,
+# one M-tile at a time, and the output.
 
 # %% tags=["export"]
 def make_kernel(c):
     """The kernel function of specialization ``c`` (a :class:`Spec`)."""
-    MT, NCH = c.MT, c.NCH
-    Shared = c.lds_layout()
+    Shared = lds_layout(c)
 
     def pa_decode_s5(
         out: fx.Tensor, pmax: fx.Tensor, psum: fx.Tensor, pout: fx.Tensor,
@@ -1024,79 +1149,36 @@ def make_kernel(c):
     ):
         # col: MFMA column = this lane's query row within an M-tile; grp: its 16 tokens of the wave's 64
         tid, wave, lane, col, grp = lane_coords()
-        seq, by, part = fx.Int32(gpu.block_id("x")), fx.Int32(gpu.block_id("y")), fx.Int32(gpu.block_id("z"))
-        kvh, mgrp = by // c.MG, by % c.MG
-        slot, listed, live = seq, None, None  # where the partials go; the work list's tiles
-        if const_expr(c.WL):  # workgroup x does entry x: (sequence, first tile, end tile, 0)
-            seq = scalar_load(work_list, slot * 4)
-            listed = (scalar_load(work_list, slot * 4 + 1), scalar_load(work_list, slot * 4 + 2))
-            live = listed[0] < listed[1]  # an empty entry (past the batch's last chunk) reads no query
+        seq, slot, kvh, mgrp, part, listed, live = workgroup_work(c, work_list)
         q_rs, k_rs, v_rs, bt_rs = (rsrc(t) for t in (query, key_cache, value_cache, block_tables))
         ctx = scalar_load(context_lengths, seq)
         lds = fx.SharedAllocator().allocate(Shared).peek()
         shared = fx.recast_iter(fx.Uint8, lds.shared.ptr)
-        rows = query_rows(mgrp, col, MT, c.ROWS, c.QL, c.G)
+        rows = query_rows(mgrp, col, c.MT, c.ROWS, c.QL, c.G)
         k_scale = v_scale = None
         if const_expr(not c.per_token):
             k_scale = scalar_load(key_scale, 0).bitcast(fx.Float32)
             v_scale = scalar_load(value_scale, 0).bitcast(fx.Float32)
         last_page, t_start, t_end = tile_range(ctx, part, c.BS, c.QL, c.W, c.NP, listed)
-        pages = LanePages(bt_rs, k_rs, v_rs, seq * max_blocks, last_page, kvh, num_kv_heads, wave, lane, col,
-                          grp, block_size=c.BS, head_dim=c.HD, trans_v=c.trans_v)
-        # the first tile's page ids are issued before the query is staged: their latency runs
-        # alongside the query's, not after the staging barrier (one memory wait less a workgroup)
-        wp = None
-        if const_expr(c.WIDE):
-            wp = WidePages(bt_rs, k_rs, v_rs, seq * max_blocks, last_page, kvh, num_kv_heads, wave, lane, col, grp,
-                           block_size=c.BS, head_dim=c.HD, trans_v=c.trans_v, cpw=c.CPW)
-            first_pages = [wp.page_id(t_start, wp.k_j)] + wp.v_page_ids(t_start)
-        else:
-            first_pages = [pages.page_id(t_start, pages.k_j), pages.page_id(t_start, pages.v_j)]
+        pages, wp, first_pages = page_readers(c, bt_rs, k_rs, v_rs, seq, max_blocks, last_page, kvh, num_kv_heads,
+                                              wave, lane, col, grp, t_start)
         stage_query(c, shared, rows, q_rs, seq, kvh, q_stride_row, q_stride_head, wave, lane, grp, live)
         c_qk = score_factors(c, shared, lane, scale_log2, k_scale)
         # causal bound of each row: query qi sits at ctx - QL + qi and sees tokens <= it
-        hi1 = [ctx - (c.QL - 1) + rows[m][1] for m in range_constexpr(MT)]
+        hi1 = [ctx - (c.QL - 1) + rows[m][1] for m in range_constexpr(c.MT)]
+        k = types.SimpleNamespace(shared=shared, lane=lane, col=col, wave=wave, grp=grp, seq=seq, slot=slot,
+                                  kvh=kvh, ctx=ctx, c_qk=c_qk, hi1=hi1)
         if const_expr(c.per_token):
-            ks_rs, vs_rs = rsrc(key_scale), rsrc(value_scale)
-            sc_lds = fx.recast_iter(fx.Uint8, lds.scales.ptr)
-            sc_k = wave * (2 * WAVE * 4)  # this wave's 64 K scales, then its 64 V weights
-            sc_v = sc_k + WAVE * 4
+            per_token_slots(k, lds, key_scale, value_scale, wave)
+        outputs = (out,) if const_expr(not c.SPLIT) else (pout, pmax, psum)
         if const_expr(c.WIDE):  # P·V split by head_dim ("The head_dim split of P·V")
-            k = types.SimpleNamespace(
-                shared=shared, stats=fx.recast_iter(fx.Uint8, lds.stats.ptr), pslab=fx.recast_iter(fx.Uint8, lds.pslab.ptr),
-                lane=lane, col=col, wave=wave, grp=grp, seq=seq, slot=slot, kvh=kvh, ctx=ctx, c_qk=c_qk, hi1=hi1)
-            if const_expr(c.per_token):
-                k.ks_rs, k.vs_rs, k.sc_lds, k.sc_k, k.sc_v = ks_rs, vs_rs, sc_lds, sc_k, sc_v
+            k.stats, k.pslab = fx.recast_iter(fx.Uint8, lds.stats.ptr), fx.recast_iter(fx.Uint8, lds.pslab.ptr)
             res = wide_loop(c, k, wp, t_start, t_end, first_pages)
-            outputs = (out,) if const_expr(not c.SPLIT) else (pout, pmax, psum)
             wide_merge_and_write(c, k, res, rows, v_scale, outputs, part, num_kv_heads)
             return
-
-        zero4 = fx.Vector.filled(4, 0.0, fx.Float32)
-        state = list(first_pages)
-        state += [zero4] * (MT * NCH) + [fx.Float32(MASKED)] * MT + [fx.Float32(0.0)] * MT
-        O0, M0, L0 = 2, 2 + MT * NCH, 2 + MT * NCH + MT
-        for t, st in range(t_start, t_end, 1, init=state):
-            t = fx.Int32(t)
-            k_page, v_page = st[0], st[1]
-            pt_args = None
-            if const_expr(c.per_token):
-                k_sc1 = pages.scale(ks_rs, v_page)  # issued first: the oldest loads, waited for first
-                v_sc1 = pages.scale(vs_rs, v_page)
-                pt_args = (sc_lds, sc_k, sc_v, k_sc1, v_sc1, wave, grp)
-            k_words = pages.k(k_page)
-            k_page_next = pages.page_id(t + 1, pages.k_j)
-            v_page_next = pages.page_id(t + 1, pages.v_j)
-            fx.rocdl.sched_barrier(0)  # K (and scales, page ids) ahead of phase A
-            tok = t * TILE + wave * SPAN + grp * 16  # the lane's first token
-            p_all, corr_all, m_new, l_next, v_words, pt = phase_a(c, st, t, tok, ctx, k_words, pages, v_page, shared,
-                                                                  lane, c_qk, hi1, pt_args)
-            # phase B: every M-tile's P·V on V's registers (V as A, P as B: O is [d, row])
-            o_next = phase_b([st[O0 + i] for i in range_constexpr(MT * NCH)], v_words, p_all, corr_all, pt)
-            res = yield [k_page_next, v_page_next] + o_next + m_new + l_next
-
-        outputs = (out,) if const_expr(not c.SPLIT) else (pout, pmax, psum)
-        merge_and_write(c, lds, shared, res, rows, v_scale, outputs, slot, kvh, part, num_kv_heads, wave, lane, col, grp)
+        res = resident_loop(c, k, pages, t_start, t_end, first_pages)
+        merge_and_write(c, lds, shared, res, rows, v_scale, outputs, slot, kvh, part, num_kv_heads, wave, lane, col,
+                        grp)
 
     return pa_decode_s5
 
@@ -1201,7 +1283,10 @@ def launch_args(query, key_cache, value_cache, block_tables, context_lengths, ke
     args = kernel_args(p, first, query, key_cache, value_cache, block_tables, context_lengths, ks, vs)
     return launcher_for(p, num_partitions, m_tiles), args, p.arch
 
+# %% [markdown]
+# The entry point launches what `launch_args` returns and hands back the output.
 
+# %% tags=["export"]
 def paged_decode(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale, *,
                  softmax_scale=None, query_length=None, sliding_window=0, out=None, arch=None, m_tiles=None):
     """fp8 paged decode attention with MTP and GQA; returns ``out`` (shaped and typed like ``query``).
@@ -1382,7 +1467,9 @@ print(format_table(reg_rows))
 #
 # The recorded figures of FlyDSL's `pa_decode_tile` (`pa_tile/data/upstream_pa_decode_tile_isa.md`,
 # read by `pa_tile.upstream`; bf16 query, trans-blocked V, one partition) next to this kernel with
-# its default plan, for gfx942 (`tests/test_stage5.py` checks all 96 configurations of both arches).
+# its default plan, for gfx942 (`tests/test_stage5.py` checks all 96 configurations of both arches):
+# the figure shows each configuration's margin over upstream, the table the configurations quoted
+# in this chapter (block 16, group 16, per-tensor scales).
 
 # %%
 from pa_tile import upstream  # noqa: E402
@@ -1399,7 +1486,11 @@ for (bs, hd, ql, g, tok), (uv, uo, ul) in tqdm(UP942.items(), desc="compile"):
                         vgpr=st.vgpr_unified, upstream_vgpr=uv, waves=occ, upstream_waves=uo,
                         lds=st.lds_bytes, upstream_lds=ul, spill=st.vgpr_spill + st.scratch_bytes,
                         meets=("yes" if st.vgpr_unified <= uv and occ >= uo and st.lds_bytes <= ul else "NO")))
-print(format_table(up_rows))
+figures.upstream_margins(up_rows, [("VGPR+AGPR", "vgpr", "upstream_vgpr", False),
+                                   ("waves/SIMD", "waves", "upstream_waves", True), ("LDS bytes", "lds", "upstream_lds", False)],
+                         marker="block", title="This kernel against upstream's pa_decode_tile, gfx942: each configuration's margin")
+plt.show()
+print(format_table([r for r in up_rows if (r["block"], r["group"], r["scales"]) == (16, 16, "tensor")]))
 print(sum(r["meets"] == "yes" for r in up_rows), "of", len(up_rows), "meet or beat upstream")
 assert all(r["meets"] == "yes" and r["spill"] == 0 for r in up_rows)
 
@@ -1591,10 +1682,10 @@ l2, a2, _ = s2.launch_args(case.query, case.k_cache, case.v_plain(), case.block_
 st2 = isa.IsaStats.from_asm(toolchain.compile_isa(l2, *a2, arch="gfx942"))
 l5, a5, _ = launch_args(*inputs(case), arch="gfx942")
 st5 = isa.IsaStats.from_asm(toolchain.compile_isa(l5, *a5, arch="gfx942"))
-print(isa.diff(st2, st5, labels=("stage 2", "stage 5"), mnemonics=False))
+print(isa.diff(st2, st5, labels=("stage 2", "stage 5"), mnemonics=False, compact=True))  # rows that changed
 
 # %% [markdown]
-# 26 registers fewer and 2 KB less LDS, for 146 more instructions in the loop: the mask compares
+# 16 registers fewer and 2 KB less LDS, for 143 more instructions in the loop: the mask compares
 # (only on the masked tiles, behind a wave-uniform branch), two `ds_read_b128` of the staged Q
 # (which took Q's 8 registers out of the loop), and the head_dim split's sharing: the row max
 # to the max table and back, P to the slab and four spans' P back, two barriers, and four more
@@ -1608,7 +1699,9 @@ print(isa.diff(st2, st5, labels=("stage 2", "stage 5"), mnemonics=False))
 # ### One tile
 #
 # One sequence of exactly one tile (256 tokens), block 16, head_dim 128, `query_length` 2, group 8
-# (one M-tile of 16 rows), per-token scales, on gfx942, traced by the emulator.
+# (one M-tile of 16 rows), per-token scales, on gfx942, traced by the emulator: before, in and after
+# the loop, one row per kind of access (the lines of one instruction that move the same bytes and
+# touch the same segments together), its figures per execution (one wave instruction).
 
 # %% tags=["nbval-ignore-output"]
 from pa_tile.emu import launch as emu_launch  # noqa: E402
@@ -1617,21 +1710,20 @@ from pa_tile.emu.memory import Trace  # noqa: E402
 if backend.current_backend() == "emu":
     case = make("gfx942", 16, 128, 8, 2, "per-token", contexts=[256])
     trace = Trace("gfx942")
-    with emu_launch.launch_options(trace=trace):
+    with emu_launch.record_launches() as launched, emu_launch.launch_options(trace=trace):
         paged_decode(*inputs(case), arch="gfx942")
-    cols = ["mnemonic", "space", "executions", "bytes", "segments", "min_segments", "max_degree", "conflict_cycles"]
-    print(format_table(trace.summary(), ["line"] + cols))
+    print(trace.grouped_table(phases=isa.loop_phases(launched[0].asm, kernel=launched[0].kernel)))
 else:
     print("ran on the GPU: memory traces are recorded only by the emulator (PA_TILE_BACKEND=emu)")
 
 # %% [markdown]
 # Per lane and tile: 8 `buffer_load_dwordx4` of K (4 token rows × 2 channel halves) and 8 of V
-# (the wave's 2 d-chunks in each of the 4 spans), each instruction touching exactly the 64 fully
-# used 64-byte segments of its 4 KB; five page-id loads (the K page, the V page of each span); the
+# (the wave's 2 d-chunks in each of the 4 spans), each wave instruction touching exactly the 16 fully
+# used 64-byte segments of its 1 KB; five page-id loads (the K page, the V page of each span); the
 # M-tile's Q operands, 2 `ds_read_b128` from the staged query; the row max to the max table
 # (`ds_write_b32`) and the four waves' back (`ds_read_b128`); P to the slab (`ds_write_b128`) and
 # the four spans' P back (4 `ds_read_b128`), conflict free; and the per-token scales: one
-# `buffer_load_dword` each for K and V (every lane its own token: 16 fully used segments), written
+# `buffer_load_dword` each for K and V (every lane its own token: 4 fully used segments), written
 # to the wave's LDS slot and read back 4 at a time (`ds_read_b128`; the 16 lanes of a row band
 # read one address, a broadcast). The one bank conflict is the max table's write (and the row
 # sums' after the loop): the 16 rows' words `4·row + wave` fall on 8 banks twice, 8 cycles per

@@ -54,6 +54,76 @@ figures.split_k(context_lengths=[300, 1027, 2600], num_partitions=4)
 plt.show()
 
 # %% [markdown]
+# ## The module
+#
+# The chapter's code is `pa_tile.stages.s6_split_k`. The partial kernel is chapter 5's
+# (`pa_tile.stages.s5_phase_split_mtp`) specialized with `num_partitions` > 1: workgroup z walks a
+# contiguous range of 256-token tiles and writes the partition's row max, row sum and normalized
+# output. `build_reduce` merges them into the output (global max, rescaled sums, weighted outputs;
+# empty partitions add nothing, never NaN). `choose_num_partitions` picks the split from the
+# problem's shape and the device's CU count; `work_list` lays it out balanced for ragged batches
+# (equal chunks of the batch's tiles, one workgroup each, `choose_schedule`); `workspace_size` and
+# `carve` lay the partials out in one buffer. The finished API built from them (`pa_tile.plan`,
+# `pa_tile.paged_decode`, the `torch.ops.pa_tile.paged_decode` op) is `pa_tile.api`; this module's
+# `paged_decode` and `launch_args` are the stage contract over it.
+
+# %% tags=["export"]
+"""Stage 6: split-K partitions, the flash-combine reduce, and the finished ``paged_decode``.
+
+Chapter 5's kernel split into partitions (``num_partitions``, or a balanced ``work_list``), the
+reduce that merges their partials (``build_reduce``), the choice of the split
+(``choose_num_partitions``) and the workspace. The public API over them is ``pa_tile.api``.
+"""
+
+import dataclasses
+import functools
+import math
+import types
+
+import torch
+
+import flydsl.compiler as flyc
+import flydsl.expr as fx
+from flydsl.expr import gpu, range_constexpr
+
+from pa_tile import arch as _arch
+from pa_tile.kernel_lib import (LOG2E, TILE, buffer_load, buffer_store, device_code, exp2, fmax, imin, rcp, rsrc,
+                                scalar_load, select, splat4)
+from pa_tile.stages import s5_phase_split_mtp as s5
+
+__all__ = ["paged_decode", "launch_args", "build_reduce", "combine_torch", "choose_num_partitions",
+           "choose_num_partitions_budget", "partition_table", "DEFAULT_POLICY", "TRAFFIC_CAP", "split_extra_bytes",
+           "within_traffic_cap", "workspace_size", "carve", "make_workspace", "LIMITS",
+           "MAX_PARTITIONS", "PARTIAL_BYTES_BUDGET", "DEFAULT_SCHEDULE", "SCHEDULES", "chunk_floor",
+           "choose_schedule", "work_entries", "work_list", "work_list_buffers", "reduce_geometry",
+           "load_partition_group", "merge_partition_group", "combine_partitions", "tabled_split"]
+
+# %% [markdown]
+# Its constants, each explained in the section that uses it: what the finished kernel supports,
+# the partition heuristic's targets ("How many partitions?"), and the reduce's workgroup, the
+# partitions it loads together and the offset past every partial buffer ("The reduce kernel").
+
+# %% tags=["export"]
+#: the finished kernel supports what chapter 5's does; the split is what this chapter adds
+LIMITS = dataclasses.replace(s5.LIMITS, stage="s6")
+#: the largest split chapter 5's kernel accepts
+MAX_PARTITIONS = LIMITS.max_partitions
+#: workgroups the heuristic aims for, per CU (see ``choose_num_partitions``)
+WORKGROUPS_PER_CU = 4
+#: a partition gets at least this many 256-token tiles (see ``choose_num_partitions``)
+MIN_TILES_PER_PARTITION = 2
+#: the partials a split writes and the reduce reads back may cost at most this fraction of the
+#: K and V bytes the call must read (see ``choose_num_partitions``)
+PARTIAL_BYTES_BUDGET = 0.03
+REDUCE_THREADS = 256
+#: partitions the reduce loads together, waiting for memory once per group (its section)
+REDUCE_GROUP = 4
+#: the byte offset 2^31 (as a signed 32-bit value; the hardware reads offsets unsigned), past every
+#: partial buffer (``s5.check_partial_offsets`` keeps them below 2^31): a buffer load there returns
+#: 0 and fetches nothing
+PAST_PARTIALS = -(2**31)
+
+# %% [markdown]
 # ## The partial results and the merge math
 #
 # Partition `z` of a (sequence, KV head) sees a token range `T_z`. For one query row with scores
@@ -86,61 +156,6 @@ plt.show()
 # In torch, the numerics model the tests hold the kernel to:
 
 # %% tags=["export"]
-"""Stage 6: split-K partitions, the flash-combine reduce, and the finished ``paged_decode``.
-
-The partial kernel is chapter 5's (``pa_tile.stages.s5_phase_split_mtp``) specialized with
-``num_partitions`` > 1: workgroup z walks a contiguous range of 256-token tiles and writes the
-partition's row max, row sum and normalized output. ``build_reduce`` merges them into the output
-(global max, rescaled sums, weighted outputs; empty partitions add nothing, never NaN).
-``choose_num_partitions`` picks the split from the problem's shape and the device's CU count;
-``work_list`` lays it out balanced for ragged batches (equal chunks of the batch's tiles, one
-workgroup each, ``choose_schedule``); ``workspace_size``/``carve`` lay the partials out in one
-buffer. The finished API built from them
-(``pa_tile.plan``, ``pa_tile.paged_decode``, the ``torch.ops.pa_tile.paged_decode`` op) is
-``pa_tile.api``; this module's ``paged_decode``/``launch_args`` are the stage contract over it.
-"""
-
-import dataclasses
-import functools
-import math
-
-import torch
-
-import flydsl.compiler as flyc
-import flydsl.expr as fx
-from flydsl.expr import gpu, range_constexpr
-
-from pa_tile import arch as _arch
-from pa_tile.kernel_lib import (LOG2E, TILE, buffer_load, buffer_store, device_code, exp2, fmax, imin, rcp, rsrc,
-                                scalar_load, select, splat4)
-from pa_tile.stages import s5_phase_split_mtp as s5
-
-__all__ = ["paged_decode", "launch_args", "build_reduce", "combine_torch", "choose_num_partitions",
-           "choose_num_partitions_budget", "partition_table", "DEFAULT_POLICY", "TRAFFIC_CAP", "split_extra_bytes",
-           "within_traffic_cap", "workspace_size", "carve", "make_workspace", "LIMITS",
-           "MAX_PARTITIONS", "PARTIAL_BYTES_BUDGET", "DEFAULT_SCHEDULE", "SCHEDULES", "chunk_floor",
-           "choose_schedule", "work_entries", "work_list", "work_list_buffers"]
-
-#: the finished kernel supports what chapter 5's does; the split is what this chapter adds
-LIMITS = dataclasses.replace(s5.LIMITS, stage="s6")
-#: the largest split chapter 5's kernel accepts
-MAX_PARTITIONS = LIMITS.max_partitions
-#: workgroups the heuristic aims for, per CU (see ``choose_num_partitions``)
-WORKGROUPS_PER_CU = 4
-#: a partition gets at least this many 256-token tiles (see ``choose_num_partitions``)
-MIN_TILES_PER_PARTITION = 2
-#: the partials a split writes and the reduce reads back may cost at most this fraction of the
-#: K and V bytes the call must read (see ``choose_num_partitions``)
-PARTIAL_BYTES_BUDGET = 0.03
-REDUCE_THREADS = 256
-#: partitions the reduce loads together, waiting for memory once per group (its section)
-REDUCE_GROUP = 4
-#: the byte offset 2^31 (as a signed 32-bit value; the hardware reads offsets unsigned), past every
-#: partial buffer (``s5.check_partial_offsets`` keeps them below 2^31): a buffer load there returns
-#: 0 and fetches nothing
-PAST_PARTIALS = -(2**31)
-
-
 def combine_torch(pmax, psum, pout, query_length, group):
     """The reduce in float32 torch, with the kernel's guards: partials ``[S, kvh, NP, rows(, d)]``
     -> ``[S·query_length, kvh·group, d]``."""
@@ -187,6 +202,107 @@ print("all empty:", combine_torch(torch.full_like(pmax, -6.9e29), torch.zeros_li
 # figures, not measurements; today's is the `reduce` term of chapter 7's predictions).
 
 # %% tags=["export"]
+def reduce_geometry(head_dim, group, query_length, q_dtype="f16"):
+    """The reduce's compile-time sizes for one (head_dim, group, query_length, query dtype), checked:
+    ``HD``, ``G``, ``QL``; ``ROWS`` query rows per (sequence, KV head); ``LPR`` lanes per row (4
+    channels, one dwordx4, each); ``RPW`` rows per workgroup; ``GRID_Z`` workgroups per (sequence,
+    KV head); ``QDT`` the output dtype."""
+    if head_dim % 64 or not 64 <= head_dim <= 256:
+        raise ValueError(f"unsupported head_dim={head_dim} (64, 128 or 256)")
+    if not (1 <= group <= s5.LIMITS.max_group and 1 <= query_length <= s5.LIMITS.max_query_length):
+        raise ValueError(f"unsupported group={group}, query_length={query_length}")
+    rows = group * query_length
+    lanes = head_dim // 4  # lanes per row: 4 channels (one dwordx4) each
+    rows_per_wg = REDUCE_THREADS // lanes
+    return types.SimpleNamespace(HD=head_dim, G=group, QL=query_length, ROWS=rows, LPR=lanes, RPW=rows_per_wg,
+                                 QDT=fx.BFloat16 if q_dtype == "bf16" else fx.Float16,
+                                 GRID_Z=(rows + rows_per_wg - 1) // rows_per_wg)
+
+# %% [markdown]
+# A group's loads, all issued before the first is used, so the loop waits for memory once per
+# group. A slot past the last partition loads at `PAST_PARTIALS`: it reads an empty partition and
+# fetches nothing, so the tail of the last group needs no branch.
+
+# %% tags=["export"]
+def load_partition_group(c, rsrcs, stat0, stride, zb, hi, d0):
+    """The maxes, sums and 4 output channels of partitions ``zb .. zb + REDUCE_GROUP`` of the
+    thread's row (stats at float ``stat0 + z·stride``, outputs ``HD`` floats apart), every load
+    issued before any is used; a slot at or past ``hi`` reads 0 from ``PAST_PARTIALS``."""
+    mx_rs, sm_rs, po_rs = rsrcs
+    maxes, sums, outs = [], [], []
+    for u in range_constexpr(REDUCE_GROUP):
+        here = zb + u < hi
+        i = stat0 + (zb + u) * stride
+        at = fx.Int32(select(here, i * 4, PAST_PARTIALS))
+        maxes.append(buffer_load(mx_rs, at, 1).bitcast(fx.Float32))
+        sums.append(buffer_load(sm_rs, at, 1).bitcast(fx.Float32))
+        outs.append(buffer_load(po_rs, fx.Int32(select(here, (i * c.HD + d0) * 4, PAST_PARTIALS)), 4)
+                    .bitcast(fx.Float32))
+    return maxes, sums, outs
+
+# %% [markdown]
+# The online merge of one group into the running state `(M, Σ w, Σ w·o)`, as in the kernel's own
+# loop. Empty partitions are *selected* away, never multiplied by 0, so an all-empty prefix
+# (`M = −∞`) never meets `0 · ∞`.
+
+# %% tags=["export"]
+def merge_partition_group(st, maxes, sums, outs, ninf, zero):
+    """The state ``st`` = ``[M, Σw, Σw·o]`` after one group: ``M`` rises to the group's live maxima
+    (an empty partition enters as ``ninf``), what came before is rescaled by ``e^(M_old - M)``, and
+    each partition adds ``w = ℓ·e^(m - M)``, 0 where ``ℓ = 0``. Returns ``(M, Σw, Σw·o)``."""
+    m_run = fx.Float32(st[0])
+    m_new = m_run  # the running max over partitions that saw a token
+    for u in range_constexpr(REDUCE_GROUP):
+        m_new = fmax(m_new, fx.Float32(select(sums[u] > 0.0, maxes[u], ninf)))
+    corr = fx.Float32(select(m_new > ninf, exp2((m_run - m_new) * LOG2E), zero))
+    den, acc = fx.Float32(st[1]) * corr, fx.Vector(st[2]) * splat4(corr)
+    for u in range_constexpr(REDUCE_GROUP):
+        w = fx.Float32(select(sums[u] > 0.0, sums[u] * exp2((maxes[u] - m_new) * LOG2E), zero))
+        den, acc = den + w, acc + outs[u] * splat4(w)
+    return m_new, den, acc
+
+# %% [markdown]
+# One thread's whole job: find its row and channels from the thread and block ids, loop over the
+# row's partitions a group at a time, then divide by `Σ w` (0 for a row no partition saw) and
+# store the row's 4 channels in the query dtype. Where a sequence's partitions are is passed in
+# (`z0`, `z1`, `first`, `stride`), so one body serves the uniform split and the work list.
+
+# %% tags=["export"]
+@device_code
+def combine_partitions(c, out, pmax, psum, pout, num_kv_heads, z0, z1, first, stride):
+    """Merge partitions ``z0(seq) .. z1(seq)`` of this thread's row, whose stats sit at float
+    ``first(seq, kvh) + z·stride``, and write its 4 channels (``c``: ``reduce_geometry``)."""
+    tid = fx.Int32(gpu.thread_id("x"))
+    seq = fx.Int32(gpu.block_id("x"))
+    kvh = fx.Int32(gpu.block_id("y"))
+    r = fx.Int32(gpu.block_id("z")) * c.RPW + tid // c.LPR
+    rc = imin(r, c.ROWS - 1)  # rows past the end compute a real row's result and do not store it
+    d0 = (tid % c.LPR) * 4
+    mx_rs, sm_rs, po_rs, o_rs = (rsrc(t) for t in (pmax, psum, pout, out))
+    stat0 = first(seq, kvh) + rc  # partition z's stats at stat0 + z·stride, in floats
+    ninf = fx.Float32(float("-inf"))
+    zero = fx.Float32(0.0)
+    lo, hi = z0(seq), z1(seq)
+    init = [ninf, zero, fx.Vector.filled(4, 0.0, fx.Float32)]
+    for gi, st in range(0, (hi - lo + (REDUCE_GROUP - 1)) // REDUCE_GROUP, 1, init=init):
+        zb = lo + fx.Int32(gi) * REDUCE_GROUP
+        maxes, sums, outs = load_partition_group(c, (mx_rs, sm_rs, po_rs), stat0, stride, zb, hi, d0)
+        m_new, den, acc = merge_partition_group(st, maxes, sums, outs, ninf, zero)
+        res = yield [m_new, den, acc]
+    den = fx.Float32(res[1])
+    inv = fx.Float32(select(den > 0.0, rcp(den), zero))
+    o = fx.Vector(res[2]) * splat4(inv)
+    if r < c.ROWS:
+        qi = rc // c.G
+        orow = (seq * c.QL + qi) * (num_kv_heads * c.G) + kvh * c.G + (rc - qi * c.G)
+        buffer_store(o.to(c.QDT).bitcast(fx.Int32), o_rs, (orow * c.HD + d0) * 2)
+
+# %% [markdown]
+# The two launchers: a uniform split's partitions of a (sequence, KV head) are `num_partitions`
+# consecutive slots; a work list's are the entries `offsets[s] .. offsets[s+1]` of sequence `s`.
+# Grid `(num_seqs, num_kv_heads, GRID_Z)` either way.
+
+# %% tags=["export"]
 @functools.lru_cache(maxsize=None)
 def build_reduce(head_dim, group, query_length, q_dtype="f16", balanced=False):
     """The ``@flyc.jit`` flash-combine launcher ``launch(out, pmax, psum, pout, num_seqs,
@@ -199,73 +315,16 @@ def build_reduce(head_dim, group, query_length, q_dtype="f16", balanced=False):
     "Ragged batches"), ``launch(out, pmax, psum, pout, offsets, num_seqs, num_kv_heads)``:
     sequence s merges entries ``offsets[s] .. offsets[s+1]``.
     """
-    if head_dim % 64 or not 64 <= head_dim <= 256:
-        raise ValueError(f"unsupported head_dim={head_dim} (64, 128 or 256)")
-    if not (1 <= group <= s5.LIMITS.max_group and 1 <= query_length <= s5.LIMITS.max_query_length):
-        raise ValueError(f"unsupported group={group}, query_length={query_length}")
-    HD, G, QL = head_dim, group, query_length
-    ROWS = G * QL
-    LPR = HD // 4  # lanes per row: 4 channels (one dwordx4) each
-    RPW = REDUCE_THREADS // LPR  # rows per workgroup
-    QDT = fx.BFloat16 if q_dtype == "bf16" else fx.Float16
-    GRID_Z = (ROWS + RPW - 1) // RPW
-
-    @device_code
-    def combine(out, pmax, psum, pout, num_kv_heads, z0, z1, first, stride):
-        """Merge partitions ``z0 .. z1`` of this thread's row, whose stats sit at float ``first + z·stride``."""
-        tid = fx.Int32(gpu.thread_id("x"))
-        seq = fx.Int32(gpu.block_id("x"))
-        kvh = fx.Int32(gpu.block_id("y"))
-        r = fx.Int32(gpu.block_id("z")) * RPW + tid // LPR
-        rc = imin(r, ROWS - 1)  # rows past the end compute a real row's result and do not store it
-        d0 = (tid % LPR) * 4
-        mx_rs, sm_rs, po_rs, o_rs = (rsrc(t) for t in (pmax, psum, pout, out))
-        stat0 = first(seq, kvh) + rc  # partition z's stats at stat0 + z·stride, in floats
-        ninf = fx.Float32(float("-inf"))
-        zero = fx.Float32(0.0)
-
-        # one pass in groups of REDUCE_GROUP partitions, every load of a group issued before any is
-        # used (one memory wait per group, not one per partition); a slot past the last partition
-        # loads at PAST_PARTIALS, beyond the buffer, so it reads 0 (an empty partition) and fetches nothing
-        lo, hi = z0(seq), z1(seq)
-        init = [ninf, zero, fx.Vector.filled(4, 0.0, fx.Float32)]
-        for gi, st in range(0, (hi - lo + (REDUCE_GROUP - 1)) // REDUCE_GROUP, 1, init=init):
-            zb = lo + fx.Int32(gi) * REDUCE_GROUP
-            ms, ss, os_ = [], [], []
-            for u in range_constexpr(REDUCE_GROUP):
-                here = zb + u < hi
-                i = stat0 + (zb + u) * stride
-                at = fx.Int32(select(here, i * 4, PAST_PARTIALS))
-                ms.append(buffer_load(mx_rs, at, 1).bitcast(fx.Float32))
-                ss.append(buffer_load(sm_rs, at, 1).bitcast(fx.Float32))
-                os_.append(buffer_load(po_rs, fx.Int32(select(here, (i * HD + d0) * 4, PAST_PARTIALS)), 4)
-                           .bitcast(fx.Float32))
-            m_run = fx.Float32(st[0])
-            m_new = m_run  # the running max over partitions that saw a token (an empty one enters as -inf)
-            for u in range_constexpr(REDUCE_GROUP):
-                m_new = fmax(m_new, fx.Float32(select(ss[u] > 0.0, ms[u], ninf)))
-            # rescale what came before; weights w = l·e^(m - M) selected (not multiplied) to 0 for
-            # empty partitions, so M = -inf (all empty so far) never meets 0·inf
-            corr = fx.Float32(select(m_new > ninf, exp2((m_run - m_new) * LOG2E), zero))
-            den, acc = fx.Float32(st[1]) * corr, fx.Vector(st[2]) * splat4(corr)
-            for u in range_constexpr(REDUCE_GROUP):
-                w = fx.Float32(select(ss[u] > 0.0, ss[u] * exp2((ms[u] - m_new) * LOG2E), zero))
-                den, acc = den + w, acc + os_[u] * splat4(w)
-            res = yield [m_new, den, acc]
-        den = fx.Float32(res[1])
-        inv = fx.Float32(select(den > 0.0, rcp(den), zero))
-        o = fx.Vector(res[2]) * splat4(inv)
-        if r < ROWS:
-            qi = rc // G
-            orow = (seq * QL + qi) * (num_kv_heads * G) + kvh * G + (rc - qi * G)
-            buffer_store(o.to(QDT).bitcast(fx.Int32), o_rs, (orow * HD + d0) * 2)
+    c = reduce_geometry(head_dim, group, query_length, q_dtype)
+    ROWS, GRID_Z = c.ROWS, c.GRID_Z
 
     if balanced:
         @flyc.kernel(known_block_size=(REDUCE_THREADS, 1, 1))
         def pa_reduce_s6_listed(out: fx.Tensor, pmax: fx.Tensor, psum: fx.Tensor, pout: fx.Tensor,
                                 offsets: fx.Tensor, num_kv_heads: fx.Int32):
-            combine(out, pmax, psum, pout, num_kv_heads, lambda seq: scalar_load(offsets, seq),
-                    lambda seq: scalar_load(offsets, seq + 1), lambda seq, kvh: kvh * ROWS, num_kv_heads * ROWS)
+            combine_partitions(c, out, pmax, psum, pout, num_kv_heads, lambda seq: scalar_load(offsets, seq),
+                               lambda seq: scalar_load(offsets, seq + 1), lambda seq, kvh: kvh * ROWS,
+                               num_kv_heads * ROWS)
 
         @flyc.jit
         def launch_listed(out: fx.Tensor, pmax: fx.Tensor, psum: fx.Tensor, pout: fx.Tensor, offsets: fx.Tensor,
@@ -278,8 +337,8 @@ def build_reduce(head_dim, group, query_length, q_dtype="f16", balanced=False):
     @flyc.kernel(known_block_size=(REDUCE_THREADS, 1, 1))
     def pa_reduce_s6(out: fx.Tensor, pmax: fx.Tensor, psum: fx.Tensor, pout: fx.Tensor,
                      num_kv_heads: fx.Int32, num_partitions: fx.Int32):
-        combine(out, pmax, psum, pout, num_kv_heads, lambda seq: 0, lambda seq: num_partitions,
-                lambda seq, kvh: (seq * num_kv_heads + kvh) * num_partitions * ROWS, ROWS)
+        combine_partitions(c, out, pmax, psum, pout, num_kv_heads, lambda seq: 0, lambda seq: num_partitions,
+                           lambda seq, kvh: (seq * num_kv_heads + kvh) * num_partitions * ROWS, ROWS)
 
     @flyc.jit
     def launch(out: fx.Tensor, pmax: fx.Tensor, psum: fx.Tensor, pout: fx.Tensor,
@@ -428,7 +487,13 @@ def _nearest(values, x):
     lx = math.log(max(x, 1e-9))
     return min(range(len(values)), key=lambda i: abs(math.log(values[i]) - lx))
 
+# %% [markdown]
+# The traffic cap in bytes. What a split adds is known from first principles: each partition after
+# the first re-reads its KV head's query rows, and the reduce reads every partition's partials
+# back. The cap compares that (with `SPLIT_EXTRA_MARGIN` for what the emulator measures on top) with
+# the unsplit call's compulsory bytes.
 
+# %% tags=["export"]
 def split_extra_bytes(num_seqs, num_kv_heads, head_dim, group, query_length, num_partitions, query_bytes=2):
     """Bytes a split into ``num_partitions`` loads beyond the unsplit call, from first principles:
     every partition after the first re-reads its KV head's query rows, and the reduce reads each
@@ -464,26 +529,54 @@ def within_traffic_cap(num_seqs, num_kv_heads, max_context, num_partitions, *, h
                                      block_size, per_token, query_bytes)
     return extra <= (TRAFFIC_CAP - 1.0) * need
 
+# %% [markdown]
+# The table lookup: the tabled GPU part nearest in CU count (bandwidth per CU differs between
+# parts, so an 80-CU part is not a 304-CU part with more sequences), the sampled configuration
+# nearest in head_dim and query rows, and the grid point nearest in work; its tiles per partition,
+# rounded so this context's tiles split evenly.
 
+# %% tags=["export"]
+def tabled_split(num_seqs, num_kv_heads, tiles, *, arch, head_dim, group, query_length, cu_count):
+    """The timing model's split of ``tiles`` 256-token tiles, from :func:`partition_table`:
+    ``(partitions, tiles per partition)``. The part tabled for ``arch`` whose CU count is nearest
+    ``cu_count`` (MI300X 304 / MI308X 80 for gfx942, MI355X 256 for gfx950), the configuration
+    sampled nearest to this one (nearest head_dim, then query rows ``group × query_length``, then
+    query length), the grid point nearest on a log scale to ``num_seqs × num_kv_heads`` (scaled by
+    the part's CU count over ``cu_count``, exact for a tabled part) and to ``tiles``; it keeps that
+    point's tiles per partition, then rounds so the tiles split evenly."""
+    table = partition_table()
+    rows = group * query_length
+    configs = [c for c in table["configs"] if c["arch"] == arch]
+    part = min({c["cu_count"] for c in configs}, key=lambda n: abs(math.log2(n / max(1, cu_count))))
+    configs = [c for c in configs if c["cu_count"] == part]
+    c = min(configs, key=lambda c: (abs(math.log2(c["head_dim"] / head_dim)),
+                                    abs(math.log2(c["group"] * c["query_length"] / rows)),
+                                    abs(c["query_length"] - query_length)))
+    i = _nearest(table["seq_heads"], num_seqs * num_kv_heads * c["cu_count"] / max(1, cu_count))
+    j = _nearest(table["tiles"], tiles)
+    per = -(-table["tiles"][j] // c["best"][i][j])  # the grid point's tiles per partition
+    parts = max(1, min(-(-tiles // per), MAX_PARTITIONS))
+    per = -(-tiles // parts)
+    return -(-tiles // per), per
+
+# %% [markdown]
+# The chooser: the policy, the table's split, and (for the default policy) that split lowered to
+# the largest even split whose bytes stay within the traffic cap.
+
+# %% tags=["export"]
 def choose_num_partitions(num_seqs, num_kv_heads, max_context, *, arch, head_dim=128, group=8, query_length=1,
                           cu_count=None, policy=None, block_size=16, per_token=False, query_bytes=2):
     """The split-K partition count for a problem shape (1 = no split, no reduce).
 
-    ``policy`` (None: :data:`DEFAULT_POLICY`) ``"model"``: the timing model's choice, looked up in :func:`partition_table`
-    (no emulator, no model at plan time): the part tabled for ``arch`` whose CU count is nearest
-    ``cu_count`` (MI300X 304 / MI308X 80 for gfx942, MI355X 256 for gfx950: bandwidth per CU
-    differs between parts, so an 80-CU part is not a 304-CU part with more sequences), the
-    configuration sampled nearest to this one (nearest head_dim, then query rows
-    ``group × query_length``, then query length), the grid point nearest on a log scale to
-    ``num_seqs × num_kv_heads`` (scaled by the part's CU count over ``cu_count``, exact for a
-    tabled part) and to the 256-token tiles of ``max_context``; it keeps that point's tiles per
-    partition, then rounds so the tiles split evenly; then it takes the largest even split not
-    above that whose bytes stay within :data:`TRAFFIC_CAP` (:func:`within_traffic_cap`, which
-    reads ``block_size``, ``per_token`` scales and ``query_bytes``). ``"fastest"``: the table's
-    count uncapped (at small batches with many query rows the model predicts it up to ~1.5x
-    faster, for up to ~1.6x the compulsory bytes: chapter 06). ``"budget"``:
-    :func:`choose_num_partitions_budget`, the earlier rule of thumb. ``cu_count``: the device's
-    (``pa_tile.backend.cu_count``); None takes the flagship part of ``arch`` (``pa_tile.arch``).
+    ``policy`` (None: :data:`DEFAULT_POLICY`) ``"model"``: the timing model's choice, looked up in
+    :func:`partition_table` (no emulator, no model at plan time; :func:`tabled_split` says how);
+    then the largest even split not above it whose bytes stay within :data:`TRAFFIC_CAP`
+    (:func:`within_traffic_cap`, which reads ``block_size``, ``per_token`` scales and
+    ``query_bytes``). ``"fastest"``: the table's count uncapped (at small batches with many query
+    rows the model predicts it up to ~1.5x faster, for up to ~1.6x the compulsory bytes: chapter
+    06). ``"budget"``: :func:`choose_num_partitions_budget`, the earlier rule of thumb.
+    ``cu_count``: the device's (``pa_tile.backend.cu_count``); None takes the flagship part of
+    ``arch`` (``pa_tile.arch``).
     """
     policy = DEFAULT_POLICY if policy is None else policy
     if policy == "budget":
@@ -494,21 +587,9 @@ def choose_num_partitions(num_seqs, num_kv_heads, max_context, *, arch, head_dim
     if cu_count is None:
         cu_count = _arch.info(arch).cu_count
     _arch.check_arch(arch)
-    table = partition_table()
-    rows = group * query_length
-    configs = [c for c in table["configs"] if c["arch"] == arch]
-    part = min({c["cu_count"] for c in configs}, key=lambda n: abs(math.log2(n / max(1, cu_count))))
-    configs = [c for c in configs if c["cu_count"] == part]
-    c = min(configs, key=lambda c: (abs(math.log2(c["head_dim"] / head_dim)),
-                                    abs(math.log2(c["group"] * c["query_length"] / rows)),
-                                    abs(c["query_length"] - query_length)))
     tiles = max(1, -(-max_context // TILE))
-    i = _nearest(table["seq_heads"], num_seqs * num_kv_heads * c["cu_count"] / max(1, cu_count))
-    j = _nearest(table["tiles"], tiles)
-    per = -(-table["tiles"][j] // c["best"][i][j])  # the grid point's tiles per partition
-    parts = max(1, min(-(-tiles // per), MAX_PARTITIONS))
-    per = -(-tiles // parts)
-    parts = -(-tiles // per)
+    parts, per = tabled_split(num_seqs, num_kv_heads, tiles, arch=arch, head_dim=head_dim, group=group,
+                              query_length=query_length, cu_count=cu_count)
     if policy == "model":
         while parts > 1 and not within_traffic_cap(num_seqs, num_kv_heads, max_context, parts, head_dim=head_dim,
                                                    group=group, query_length=query_length, block_size=block_size,
@@ -694,7 +775,11 @@ def chunk_floor(head_dim, group, query_length, *, block_size=16, per_token=False
                                   - split_extra_bytes(1, 1, head_dim, group, query_length, 2, query_bytes))
     return max(MIN_TILES_PER_PARTITION, math.ceil(extra / ((TRAFFIC_CAP - 1.0) * per_tile)))
 
+# %% [markdown]
+# The list's size is fixed by the shapes alone, so a plan allocates its buffers once and a run
+# (or a captured graph's replay) allocates nothing.
 
+# %% tags=["export"]
 def work_entries(num_seqs, num_partitions):
     """Entries of a balanced work list aiming at ``num_seqs × num_partitions`` chunks: every
     sequence may add one short chunk, so ``num_seqs × (num_partitions + 1)`` always suffice."""
@@ -714,7 +799,12 @@ def work_list_buffers(num_seqs, num_partitions, device):
              offsets=torch.zeros(num_seqs + 1, dtype=torch.int32, device=device))
     return b
 
+# %% [markdown]
+# The list itself, in torch ops that write into those buffers: tiles per sequence (less those a
+# sliding window skips), the chunk size, chunks per sequence and their running sum (the
+# offsets), then each entry's sequence (a sorted search) and its first and end tile.
 
+# %% tags=["export"]
 def work_list(context_lengths, num_partitions, min_tiles, *, query_length=1, sliding_window=0, buffers=None):
     """The balanced split of a batch, on ``context_lengths``' device without reading a value on
     the host: ``(work, offsets)``, ``work`` [``work_entries``, 4] int32 rows (sequence, first tile,
@@ -1081,7 +1171,7 @@ if supports_256:
 # recorded figures of FlyDSL's `pa_decode_tile` (`pa_tile/data/upstream_pa_decode_tile_isa.md`, read
 # by `pa_tile.upstream`; the 64 head_dim 64/128 configurations, both arches, one partition) next to this kernel's
 # **split** specialization (`P = 4`, what a small batch runs; `tests/test_stage5.py` checks `P = 1`
-# against the same figures).
+# against the same figures): each configuration's margin over upstream.
 
 # %%
 from pa_tile import upstream  # noqa: E402
@@ -1099,7 +1189,10 @@ for (arch, bs, hd, ql, g, tok), (uv, uo) in tqdm(sorted(UPSTREAM.items()), desc=
                         vgpr=st.vgpr_unified, upstream=uv, waves=occ, upstream_waves=uo,
                         spill=st.vgpr_spill + st.scratch_bytes,
                         meets="yes" if st.vgpr_unified <= uv and occ >= uo else "NO"))
-print(format_table(up_rows))
+figures.upstream_margins(up_rows, [("VGPR+AGPR", "vgpr", "upstream", False), ("waves/SIMD", "waves", "upstream_waves", True)],
+                         color="arch", marker="scales",
+                         title="The split kernel (P = 4) against upstream's pa_decode_tile: each configuration's margin")
+plt.show()
 print(sum(r["meets"] == "yes" for r in up_rows), "of", len(up_rows), "meet or beat upstream;",
       "spills/scratch anywhere:", any(r["spill"] for r in up_rows))
 
@@ -1123,18 +1216,19 @@ print(isa.summary(st_red))
 
 # %%
 print(isa.diff(stats_for("gfx942", 16, 128, 8, 1, P=1), stats_for("gfx942", 16, 128, 8, 1, P=4),
-               labels=("stage 5 (P=1)", "stage 6 (P=4)"), mnemonics=False))
+               labels=("stage 5 (P=1)", "stage 6 (P=4)"), mnemonics=False, compact=True))  # rows that changed
 
 # %% [markdown]
 # The loop is unchanged (same instruction count, table above). Outside it the split computes its tile range
-# (scalar work: +27 SALU), writes float32 partials (`buffer_store_dwordx4` of 4 channels instead of
-# `dwordx2` of 4 halves: no conversion to f16, −37 VALU) and the two stats (`buffer_store_dword`).
+# (scalar work: +45 SALU), writes float32 partials (`buffer_store_dwordx4` of 4 channels instead of
+# `dwordx2` of 4 halves: no conversion to f16, −34 VALU) and the two stats (`buffer_store_dword`).
 #
 # ## Memory traffic of one tile, split
 #
 # One sequence of 512 tokens (two tiles), block 16, head_dim 128, group 8, one query token,
 # per-tensor scales, `P = 2`: each partition walks one tile and writes its partials, then the reduce
-# reads them. The two launches of `launch_args`' pipeline are traced separately by the emulator (gfx942).
+# reads them. The two launches of `launch_args`' pipeline are traced separately by the emulator (gfx942):
+# before, in and after each kernel's loop, one row per kind of access, its figures per execution.
 
 # %% tags=["nbval-ignore-output"]
 from pa_tile.emu import launch as emu_launch  # noqa: E402
@@ -1142,14 +1236,13 @@ from pa_tile.emu.memory import Trace  # noqa: E402
 
 case = make("gfx942", 16, 128, 8, 1, contexts=[512], device="cpu")
 pipe, _, arch = launch_args(*inputs(case), num_partitions=2, arch="gfx942")
-cols = ["mnemonic", "space", "executions", "bytes", "segments", "min_segments", "max_degree", "conflict_cycles"]
 steps = pipe.steps if backend.current_backend() == "emu" else ()
 for (launcher, largs), name in zip(steps, ("partial kernel (2 workgroups, one tile each)", "reduce")):
     trace = Trace("gfx942")
-    with emu_launch.launch_options(trace=trace), toolchain.target_arch(arch):
+    with emu_launch.record_launches() as launched, emu_launch.launch_options(trace=trace), toolchain.target_arch(arch):
         launcher(*largs)
     print(f"--- {name}")
-    print(format_table([r for r in trace.summary() if r["space"] != "scalar"], ["line"] + cols))
+    print(trace.grouped_table(phases=isa.loop_phases(launched[0].asm, kernel=launched[0].kernel)))
 if not steps:
     print("ran on the GPU: memory traces are recorded only by the emulator (PA_TILE_BACKEND=emu)")
 

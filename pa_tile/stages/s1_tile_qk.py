@@ -270,10 +270,8 @@ def normalized_output(t, final, sRow, v_scale, fp8_max_, tid):
     return store16, o_copy.retile(o_out), o_copy.partition_D(t.out_tile)
 
 
-@functools.lru_cache(maxsize=None)
-def build_launcher(arch, block_size, group_size, softmax_scale):
-    """The stage-1 ``@flyc.jit`` launcher for one configuration (all four are compile-time)."""
-    fp8, fp8_max_ = FX_FP8[fp8_format(arch)], fp8_max(arch)
+def shared_storage(fp8):
+    """The workgroup's LDS as a FlyDSL struct (``fp8``: the arch's fp8 element type)."""
 
     @fx.struct
     class SharedStorage:
@@ -282,22 +280,34 @@ def build_launcher(arch, block_size, group_size, softmax_scale):
         p: fx.Array[fp8, MMA_ROWS * TILE_TOKENS, 16]  # quantized probabilities of one tile
         row: fx.Array[fx.Float32, MMA_ROWS, 16]  # per-row scalar handed from softmax to P·V
 
+    return SharedStorage
+
+
+def lds_views(lds):
+    """``(sQ, sS, sP, sRow)``: the arrays of an allocated ``shared_storage``, as row-major tensors."""
+    sQ = lds.q.view(fx.make_layout((MMA_ROWS, HEAD_DIM), (HEAD_DIM, 1)))
+    sS = lds.s.view(fx.make_layout((MMA_ROWS, TILE_TOKENS), (TILE_TOKENS, 1)))
+    sP = lds.p.view(fx.make_layout((MMA_ROWS, TILE_TOKENS), (TILE_TOKENS, 1)))
+    sRow = lds.row.view(fx.make_layout(MMA_ROWS, 1))
+    return sQ, sS, sP, sRow
+
+
+@functools.lru_cache(maxsize=None)
+def build_launcher(arch, block_size, group_size, softmax_scale):
+    """The stage-1 ``@flyc.jit`` launcher for one configuration (all four are compile-time)."""
+    fp8, fp8_max_ = FX_FP8[fp8_format(arch)], fp8_max(arch)
+    SharedStorage = shared_storage(fp8)
+
     def paged_decode_kernel(query: fx.Tensor, key_cache: fx.Tensor, value_cache: fx.Tensor, block_tables: fx.Tensor,
                             context_lengths: fx.Tensor, key_scale: fx.Tensor, value_scale: fx.Tensor, out: fx.Tensor,
                             num_kv_heads: fx.Int32):
         tid, seq, kv_head = fx.thread_idx.x, fx.block_idx.x, fx.block_idx.y
-        row = tid // ROW_THREADS  # row-wise phases: this thread's query row ...
-        part = tid % ROW_THREADS  # ... and its sixteenth of that row
+        row, part = tid // ROW_THREADS, tid % ROW_THREADS  # row-wise phases: this thread's query row, its sixteenth
         query, key_cache, value_cache, block_tables, out = (
             fx.rocdl.make_buffer_tensor(x) for x in (query, key_cache, value_cache, block_tables, out))
         context_len = fx.Int32(context_lengths[seq])
-        k_scale = fx.Float32(key_scale[0])
-        v_scale = fx.Float32(value_scale[0])
-        lds = fx.SharedAllocator().allocate(SharedStorage).peek()
-        sQ = lds.q.view(fx.make_layout((MMA_ROWS, HEAD_DIM), (HEAD_DIM, 1)))
-        sS = lds.s.view(fx.make_layout((MMA_ROWS, TILE_TOKENS), (TILE_TOKENS, 1)))
-        sP = lds.p.view(fx.make_layout((MMA_ROWS, TILE_TOKENS), (TILE_TOKENS, 1)))
-        sRow = lds.row.view(fx.make_layout(MMA_ROWS, 1))
+        k_scale, v_scale = fx.Float32(key_scale[0]), fx.Float32(value_scale[0])
+        sQ, sS, sP, sRow = lds_views(fx.SharedAllocator().allocate(SharedStorage).peek())
 
         row_factor = quantize_query(query, seq, kv_head, tid, row, group_size, fp8, fp8_max_, sQ,
                                     softmax_scale * LOG2E, k_scale)  # softmax in base 2: exp(x) = exp2(x·log2 e)

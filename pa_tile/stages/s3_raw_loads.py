@@ -32,6 +32,20 @@ __all__ = ["paged_decode", "build_launcher", "launch_args", "numerics_model", "L
 LIMITS = dataclasses.replace(s2.LIMITS, stage="s3")
 
 
+def loop_entry_state(pages, prefetch):
+    """``(values, base)``: what the tile loop carries in, and the index where its softmax state
+    starts. With the K prefetch: tile 0's K (loaded here, before the loop), tile 1's K page and tile
+    0's V page; without: tile 0's K and V pages. Then 8 zero output chunks, the running max
+    (``MASKED``) and the running sum (0)."""
+    zero4 = fx.Vector.filled(4, 0.0, fx.Float32)
+    softmax0 = [zero4] * 8 + [fx.Float32(MASKED), fx.Float32(0.0)]
+    if prefetch:
+        carried = [pages.k(pages.page_id(0, pages.k_j)), pages.page_id(1, pages.k_j), pages.page_id(0, pages.v_j)]
+    else:
+        carried = [pages.page_id(0, pages.k_j), pages.page_id(0, pages.v_j)]
+    return carried + softmax0, len(carried)
+
+
 @functools.lru_cache(maxsize=None)
 def build_launcher(block_size: int, group: int, arch: str, prefetch_k: bool = True):
     """The ``@flyc.jit`` launcher for one (block_size, group, arch, prefetch_k) specialization."""
@@ -44,16 +58,8 @@ def build_launcher(block_size: int, group: int, arch: str, prefetch_k: bool = Tr
                           num_kv_heads, max_blocks, scale_log2, block_size=block_size, group=group,
                           fp8_max=fp8_max(arch))
         pages = wg.pages
-        zero4 = fx.Vector.filled(4, 0.0, fx.Float32)
-        softmax0 = [zero4] * 8 + [fx.Float32(MASKED), fx.Float32(0.0)]
-        if const_expr(PREFETCH):
-            # carried: this tile's K (already loaded), the next tile's K page, this tile's V page
-            state = [pages.k(pages.page_id(0, pages.k_j)), pages.page_id(1, pages.k_j), pages.page_id(0, pages.v_j)]
-            base = 3
-        else:
-            state = [pages.page_id(0, pages.k_j), pages.page_id(0, pages.v_j)]
-            base = 2
-        for t, st in range(0, wg.num_tiles, 1, init=state + softmax0):
+        state, base = loop_entry_state(pages, PREFETCH)
+        for t, st in range(0, wg.num_tiles, 1, init=state):
             t = fx.Int32(t)
             o = [st[base + j] for j in range_constexpr(8)]
             m_old, l_old = st[base + 8], st[base + 9]

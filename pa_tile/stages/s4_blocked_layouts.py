@@ -14,6 +14,7 @@ head, fp8 e4m3 K/V of the arch's flavour, per-tensor ``[1]`` or per-token
 
 import functools
 import math
+import types
 
 import torch
 
@@ -29,7 +30,7 @@ from pa_tile.kernel_lib import (
 )
 
 __all__ = ["paged_decode", "build_launcher", "launch_args", "numerics_model", "LIMITS", "V_LAYOUTS", "ScaledPages",
-           "merge_lds"]
+           "merge_lds", "kernel_spec", "query_and_factor", "tile_pages", "first_loop_state", "make_kernel"]
 
 #: what the stage-4 kernel supports (``pa_tile.problem.describe`` enforces it)
 LIMITS = problem.Limits(stage="s4", head_dims=(64, 128), block_sizes=(16, 64), groups=(8, 16),
@@ -79,16 +80,54 @@ def merge_lds(stats_stride, nj):
     return Shared
 
 
-@functools.lru_cache(maxsize=None)
-def build_launcher(block_size: int, head_dim: int, group: int, arch: str, q_dtype: str = "f16",
-                   per_token: bool = False, v_layout: str = "trans_blocked", stats_stride: int = STATS_STRIDE):
-    """The ``@flyc.jit`` launcher for one specialization (``stats_stride=4``: the unpadded merge table)."""
-    Shared = merge_lds(stats_stride, head_dim // 16)
-    BS, HD, G, PT = block_size, head_dim, group, bool(per_token)
-    LOG2_FMAX = math.log2(fp8_max(arch))
-    NJ = HD // 16  # d-chunks of O
-    HALVES = HD // 64  # 64-channel halves of a K row / of the query
-    ODT = fx.BFloat16 if q_dtype == "bf16" else fx.Float16
+def kernel_spec(block_size, head_dim, group, arch, q_dtype, per_token, v_layout, stats_stride):
+    """The compile-time constants of one specialization (``build_launcher``'s arguments)."""
+    return types.SimpleNamespace(
+        Shared=merge_lds(stats_stride, head_dim // 16), STATS_STRIDE=stats_stride,
+        BS=block_size, HD=head_dim, G=group, PT=bool(per_token), V_TRANS=v_layout == "trans_blocked",
+        FMAX=fp8_max(arch), LOG2_FMAX=math.log2(fp8_max(arch)),
+        NJ=head_dim // 16,  # d-chunks of O
+        HALVES=head_dim // 64,  # 64-channel halves of a K row / of the query
+        ODT=fx.BFloat16 if q_dtype == "bf16" else fx.Float16,
+    )
+
+
+def query_and_factor(c, q_rs, seq, kvh, col, grp, q_seq_stride, q_head_stride, key_scale, value_scale, v_scale,
+                     scale_log2):
+    """``(q_ops, c_qk, scales)``: the lane's query operands (head ``kvh·G + col`` of sequence ``seq``,
+    read through the two strides; zeros for a padding row ``col >= G``), the factor from raw scores
+    to log2 units, and per token ``(ks_rs, vs_rs, 1/max(v_scale))`` for ``ScaledPages.tile_scores``
+    (None per tensor)."""
+    q_row = seq * q_seq_stride + (kvh * c.G + imin(col, c.G - 1)) * q_head_stride
+    q_ops, q_scale = query_operands(q_rs, q_row, col < c.G, c.FMAX, grp, c.HALVES, c.ODT)
+    if c.PT:
+        c_qk = q_scale * scale_log2  # K's scale multiplies each score instead
+        scales = (rsrc(key_scale), rsrc(value_scale), rcp(v_scale))
+    else:
+        c_qk, scales = q_scale * scalar_load(key_scale, 0).bitcast(fx.Float32) * scale_log2, None
+    return q_ops, c_qk, scales
+
+
+def tile_pages(c, bt_rs, k_rs, v_rs, seq, max_blocks, ctx, kvh, num_kv_heads, wave, col, grp):
+    """``(pages, num_tiles)``: the lane's ``ScaledPages`` and the context's 256-token tiles."""
+    last_page = (ctx - 1) // c.BS
+    num_tiles = (ctx + (TILE - 1)) // TILE
+    pages = ScaledPages(bt_rs, k_rs, v_rs, seq * max_blocks, last_page, kvh, num_kv_heads, wave, col, grp,
+                        block_size=c.BS, head_dim=c.HD, k_blocked=True, v_trans=c.V_TRANS)
+    return pages, num_tiles
+
+
+def first_loop_state(pages, nj):
+    """The loop state before tile 0: tile 0's K words, tile 1's K page, tile 0's V page, then
+    ``nj`` zero d-chunks of O, the running max (``MASKED``) and the running sum (0)."""
+    zero4 = fx.Vector.filled(4, 0.0, fx.Float32)
+    state = [pages.k(pages.page_id(0, pages.k_j)), pages.page_id(1, pages.k_j), pages.page_id(0, pages.v_j)]
+    return state + [zero4] * nj + [fx.Float32(MASKED), fx.Float32(0.0)]
+
+
+def make_kernel(c):
+    """The kernel function of specialization ``c`` (``kernel_spec``)."""
+    NJ = c.NJ  # d-chunks of O
 
     def pa_decode_s4(out: fx.Tensor, query: fx.Tensor, key_cache: fx.Tensor, value_cache: fx.Tensor,
                      block_tables: fx.Tensor, context_lengths: fx.Tensor, key_scale: fx.Tensor,
@@ -100,29 +139,19 @@ def build_launcher(block_size: int, head_dim: int, group: int, arch: str, q_dtyp
         q_rs, k_rs, v_rs, bt_rs, o_rs = (rsrc(t) for t in (query, key_cache, value_cache, block_tables, out))
         ctx = scalar_load(context_lengths, seq)
         v_scale = scalar_load(v_norm, 0).bitcast(fx.Float32)  # per token: the largest V scale
-        q_row = seq * q_seq_stride + (kvh * G + imin(col, G - 1)) * q_head_stride
-        q_ops, q_scale = query_operands(q_rs, q_row, col < G, fp8_max(arch), grp, HALVES, ODT)
-        if const_expr(PT):
-            c_qk = q_scale * scale_log2  # K's scale multiplies each score instead
-            scales = (rsrc(key_scale), rsrc(value_scale), rcp(v_scale))
-        else:
-            c_qk, scales = q_scale * scalar_load(key_scale, 0).bitcast(fx.Float32) * scale_log2, None
-        last_page = (ctx - 1) // BS
-        num_tiles = (ctx + (TILE - 1)) // TILE
-        pages = ScaledPages(bt_rs, k_rs, v_rs, seq * max_blocks, last_page, kvh, num_kv_heads, wave, col, grp,
-                            block_size=BS, head_dim=HD, k_blocked=True, v_trans=v_layout == "trans_blocked")
+        q_ops, c_qk, scales = query_and_factor(c, q_rs, seq, kvh, col, grp, q_seq_stride, q_head_stride, key_scale,
+                                               value_scale, v_scale, scale_log2)
+        pages, num_tiles = tile_pages(c, bt_rs, k_rs, v_rs, seq, max_blocks, ctx, kvh, num_kv_heads, wave, col, grp)
 
         def tile_math(t, k_words, v_words, v_page, o, m_old, l_old):
-            s, p_weight = pages.tile_scores(k_words, q_ops, HALVES, v_page, scales)
+            s, p_weight = pages.tile_scores(k_words, q_ops, c.HALVES, v_page, scales)
             n_valid = ctx - (t * TILE + wave * SPAN + grp * 16)
             if t + 1 == num_tiles:
                 s, v_words = mask_tail(s, v_words, n_valid)
-            p_ops, corr, m_new, l_new = softmax_step(s, m_old, l_old, c_qk, LOG2_FMAX, p_weight)
+            p_ops, corr, m_new, l_new = softmax_step(s, m_old, l_old, c_qk, c.LOG2_FMAX, p_weight)
             return pv_step(o, v_words, p_ops, corr), m_new, l_new
 
-        zero4 = fx.Vector.filled(4, 0.0, fx.Float32)
-        state = [pages.k(pages.page_id(0, pages.k_j)), pages.page_id(1, pages.k_j), pages.page_id(0, pages.v_j)]
-        for t, st in range(0, num_tiles, 1, init=state + [zero4] * NJ + [fx.Float32(MASKED), fx.Float32(0.0)]):
+        for t, st in range(0, num_tiles, 1, init=first_loop_state(pages, NJ)):
             t = fx.Int32(t)
             k_words, k_page_next, v_page = st[0], st[1], st[2]
             o = [st[3 + j] for j in range_constexpr(NJ)]
@@ -134,13 +163,21 @@ def build_launcher(block_size: int, head_dim: int, group: int, arch: str, q_dtyp
             o, m_new, l_new = tile_math(t, k_words, v_words, v_page, o, m_old, l_old)
             res = yield carry + o + [m_new, l_new]
 
-        lds = fx.SharedAllocator().allocate(Shared).peek()
+        lds = fx.SharedAllocator().allocate(c.Shared).peek()
         mine = merge_waves([res[3 + j] for j in range_constexpr(NJ)], fx.Float32(res[3 + NJ]),
-                           fx.Float32(res[4 + NJ]), v_scale, lds, wave, lane, col, stats_stride)
-        if col < G:
-            store_chunks(o_rs, mine, (seq * (num_kv_heads * G) + kvh * G + col) * (HD * 2), wave, grp, ODT)
+                           fx.Float32(res[4 + NJ]), v_scale, lds, wave, lane, col, c.STATS_STRIDE)
+        if col < c.G:
+            store_chunks(o_rs, mine, (seq * (num_kv_heads * c.G) + kvh * c.G + col) * (c.HD * 2), wave, grp, c.ODT)
 
-    return jit_launcher(pa_decode_s4)
+    return pa_decode_s4
+
+
+@functools.lru_cache(maxsize=None)
+def build_launcher(block_size: int, head_dim: int, group: int, arch: str, q_dtype: str = "f16",
+                   per_token: bool = False, v_layout: str = "trans_blocked", stats_stride: int = STATS_STRIDE):
+    """The ``@flyc.jit`` launcher for one specialization (``stats_stride=4``: the unpadded merge table)."""
+    return jit_launcher(make_kernel(kernel_spec(block_size, head_dim, group, arch, q_dtype, per_token, v_layout,
+                                                stats_stride)))
 
 
 def launch_args(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale, *,

@@ -3,25 +3,10 @@
 
 """Stage 5: phase-split multi-token (MTP) decode and wide GQA.
 
-Stage 2's register-resident design (each wave owns 64 tokens of every 256-token tile, turned-around
-scores ``D[token, row] = K·Qᵀ``, P·V with V as A and P as B so the output fragment is
-``[head-dim, query-row]``, one four-wave merge after the loop) widened to:
-
-* query_length 1..4 and query-group sizes 1..32: the ``query_length·group`` query rows of a
-  (sequence, KV head) are flattened (MTP position outer, head inner) and tiled into 16-row
-  M-tiles; a workgroup runs up to ``m_tiles`` of them (default: all, so K and V are read once;
-  grid y = KV heads x M-groups) and loads the query once, staged in LDS; the last
-  ``query_length`` positions are causally masked, with an optional sliding window;
-* the phase split: on K's registers each M-tile's scores, row max and fp8 P in turn, then on V's
-  every M-tile's P·V, so K and V are read once for all of a workgroup's M-tiles; by default P·V
-  is split across the waves by head_dim (upstream's split: a shared row max and P through LDS, a
-  quarter of the output registers; ``WIDE_ABOVE`` keeps the register-resident loop for
-  comparison);
-* blocked K ``[nb, kvh, head_dim//16, block, 16]``, trans-blocked V ``[nb, kvh, block//16,
-  head_dim, 16]`` (or plain V ``[nb, kvh, head_dim, block]``), head_dim 64/128/256, f16/bf16
-  query (any row/head strides, unit channel stride), output in the query dtype;
-* per-tensor ``[1]`` or per-token ``[nb, kvh, block]`` float32 K/V scales;
-* ``num_partitions`` (grid z) > 1 writes per-partition partial results for a reduce kernel.
+Stage 2's register-resident kernel widened to query_length 1..4 and groups up to 32 (16-row
+M-tiles, causal mask, sliding window) by the phase split and the head_dim split of P·V; blocked
+K, trans-blocked or plain V, head_dim 64/128/256, per-token scales, and split-K partials
+(``num_partitions``) for stage 6's reduce.
 """
 
 import functools
@@ -47,7 +32,8 @@ __all__ = ["paged_decode", "paged_decode_partials", "build_launcher", "launch_ar
            "tile_range", "stage_scales", "phase_b", "store_stats", "merge_weights", "Spec", "stage_query",
            "score_factors", "lane_scales", "k_scaled", "phase_a", "write_rows", "merge_and_write", "WidePages", "wide_v",
            "wide_scores", "wide_v_max", "wide_v_weight", "wide_pv", "wide_loop", "wide_merge_and_write", "make_kernel",
-           "partial_shapes", "check_partial_offsets", "v_with_k"]
+           "partial_shapes", "check_partial_offsets", "v_with_k", "lds_layout", "workgroup_work", "page_readers",
+           "per_token_slots", "resident_loop"]
 
 #: what the stage-5 kernel supports (upstream's tile kernel takes head_dim 64, 128 and 256 too)
 LIMITS = problem.Limits(stage="s5", head_dims=(64, 128, 256), block_sizes=(16, 64), groups=None, max_group=32,
@@ -299,28 +285,29 @@ class Spec:
         self.Q_SCALES = self.MT * self.NH * WAVE * 16  # byte offset of the staged query scales
         self.SC_FLOATS = WAVES * 2 * WAVE if per_token else 4  # [wave][K scale | V weight][token]
 
-    def lds_layout(self):
-        """The workgroup's LDS, as a FlyDSL struct."""
-        if self.WIDE:
-            @fx.struct
-            class Wide:
-                stats: fx.Array[fx.Float32, self.MT * 16 * WAVES, 16]  # [m-tile][row][wave]: max; after the loop, sum
-                shared: fx.Array[fx.Float32, self.SHARED_BYTES // 4, 16]  # the staged query
-                pslab: fx.Array[fx.Float32, WAVES * WAVE * 4, 16]  # [wave][lane] x 16 fp8 P codes
-                # per token: [wave][K scale | V weight][token], then [wave] V-scale maxes
-                scales: fx.Array[fx.Float32, self.SC_FLOATS + WAVES if self.per_token else 4, 16]
 
-            return Wide
-
+def lds_layout(c):
+    """The LDS of specialization ``c`` (a :class:`Spec`), as a FlyDSL struct."""
+    if c.WIDE:
         @fx.struct
-        class Shared:
-            stats: fx.Array[fx.Float32, self.MT * 2 * 16 * WAVES, 16]  # [m-tile][max | sum][row][wave]
-            # before the loop: the staged query ([m-tile][K chunk pair][lane] x 16 fp8 codes, then
-            # [m-tile][lane] scales); after it: the merge's exchange, [sender][slot][lane] x f32x4
-            shared: fx.Array[fx.Float32, self.SHARED_BYTES // 4, 16]
-            scales: fx.Array[fx.Float32, self.SC_FLOATS, 16]
+        class Wide:
+            stats: fx.Array[fx.Float32, c.MT * 16 * WAVES, 16]  # [m-tile][row][wave]: max; after the loop, sum
+            shared: fx.Array[fx.Float32, c.SHARED_BYTES // 4, 16]  # the staged query
+            pslab: fx.Array[fx.Float32, WAVES * WAVE * 4, 16]  # [wave][lane] x 16 fp8 P codes
+            # per token: [wave][K scale | V weight][token], then [wave] V-scale maxes
+            scales: fx.Array[fx.Float32, c.SC_FLOATS + WAVES if c.per_token else 4, 16]
 
-        return Shared
+        return Wide
+
+    @fx.struct
+    class Shared:
+        stats: fx.Array[fx.Float32, c.MT * 2 * 16 * WAVES, 16]  # [m-tile][max | sum][row][wave]
+        # before the loop: the staged query ([m-tile][K chunk pair][lane] x 16 fp8 codes, then
+        # [m-tile][lane] scales); after it: the merge's exchange, [sender][slot][lane] x f32x4
+        shared: fx.Array[fx.Float32, c.SHARED_BYTES // 4, 16]
+        scales: fx.Array[fx.Float32, c.SC_FLOATS, 16]
+
+    return Shared
 
 
 @device_code
@@ -671,10 +658,81 @@ def wide_merge_and_write(c, k, res, rows, v_scale, outputs, part, num_kv_heads):
                    o_rs, mx_rs, sm_rs)
 
 
+@device_code
+def workgroup_work(c, work_list):
+    """``(seq, slot, kvh, mgrp, part, listed, live)`` of this workgroup: ``slot`` is where its
+    partials go; with a work list (``c.WL``) workgroup x does entry x, ``(sequence, first tile,
+    end tile, 0)``: ``listed`` is that tile range and ``live`` is False for an empty entry (past
+    the batch's last chunk), which reads no query."""
+    seq, by, part = fx.Int32(gpu.block_id("x")), fx.Int32(gpu.block_id("y")), fx.Int32(gpu.block_id("z"))
+    kvh, mgrp = by // c.MG, by % c.MG
+    slot, listed, live = seq, None, None
+    if const_expr(c.WL):
+        seq = scalar_load(work_list, slot * 4)
+        listed = (scalar_load(work_list, slot * 4 + 1), scalar_load(work_list, slot * 4 + 2))
+        live = listed[0] < listed[1]
+    return seq, slot, kvh, mgrp, part, listed, live
+
+
+@device_code
+def page_readers(c, bt_rs, k_rs, v_rs, seq, max_blocks, last_page, kvh, num_kv_heads, wave, lane, col, grp,
+                 t_start):
+    """``(pages, wp, first_pages)``: the lane's ``LanePages``, its ``WidePages`` for the head_dim
+    split (else None), and tile ``t_start``'s K and V page ids (four V ids for the split)."""
+    pages = LanePages(bt_rs, k_rs, v_rs, seq * max_blocks, last_page, kvh, num_kv_heads, wave, lane, col,
+                      grp, block_size=c.BS, head_dim=c.HD, trans_v=c.trans_v)
+    wp = None
+    if const_expr(c.WIDE):
+        wp = WidePages(bt_rs, k_rs, v_rs, seq * max_blocks, last_page, kvh, num_kv_heads, wave, lane, col, grp,
+                       block_size=c.BS, head_dim=c.HD, trans_v=c.trans_v, cpw=c.CPW)
+        first_pages = [wp.page_id(t_start, wp.k_j)] + wp.v_page_ids(t_start)
+    else:
+        first_pages = [pages.page_id(t_start, pages.k_j), pages.page_id(t_start, pages.v_j)]
+    return pages, wp, first_pages
+
+
+def per_token_slots(k, lds, key_scale, value_scale, wave):
+    """Add the K/V scale buffers (``ks_rs``, ``vs_rs``), the scales' LDS (``sc_lds``) and this
+    wave's slots in it (``sc_k``: its 64 K scales, then ``sc_v``: its 64 V weights) to ``k``."""
+    k.ks_rs, k.vs_rs = rsrc(key_scale), rsrc(value_scale)
+    k.sc_lds = fx.recast_iter(fx.Uint8, lds.scales.ptr)
+    k.sc_k = wave * (2 * WAVE * 4)
+    k.sc_v = k.sc_k + WAVE * 4
+
+
+@device_code
+def resident_loop(c, k, pages, t_start, t_end, first_pages):
+    """The register-resident main loop (``k``: the kernel's per-workgroup values; ``first_pages``:
+    tile ``t_start``'s K and V page ids); returns its final state ``[k page, v page, O, m, l]``."""
+    MT, NCH = c.MT, c.NCH
+    zero4 = fx.Vector.filled(4, 0.0, fx.Float32)
+    state = list(first_pages)
+    state += [zero4] * (MT * NCH) + [fx.Float32(MASKED)] * MT + [fx.Float32(0.0)] * MT
+    O0 = 2
+    for t, st in range(t_start, t_end, 1, init=state):
+        t = fx.Int32(t)
+        k_page, v_page = st[0], st[1]
+        pt_args = None
+        if const_expr(c.per_token):
+            k_sc1 = pages.scale(k.ks_rs, v_page)  # issued first: the oldest loads, waited for first
+            v_sc1 = pages.scale(k.vs_rs, v_page)
+            pt_args = (k.sc_lds, k.sc_k, k.sc_v, k_sc1, v_sc1, k.wave, k.grp)
+        k_words = pages.k(k_page)
+        k_page_next = pages.page_id(t + 1, pages.k_j)
+        v_page_next = pages.page_id(t + 1, pages.v_j)
+        fx.rocdl.sched_barrier(0)  # K (and scales, page ids) ahead of phase A
+        tok = t * TILE + k.wave * SPAN + k.grp * 16  # the lane's first token
+        p_all, corr_all, m_new, l_next, v_words, pt = phase_a(c, st, t, tok, k.ctx, k_words, pages, v_page,
+                                                              k.shared, k.lane, k.c_qk, k.hi1, pt_args)
+        # phase B: every M-tile's P·V on V's registers (V as A, P as B: O is [d, row])
+        o_next = phase_b([st[O0 + i] for i in range_constexpr(MT * NCH)], v_words, p_all, corr_all, pt)
+        res = yield [k_page_next, v_page_next] + o_next + m_new + l_next
+    return res
+
+
 def make_kernel(c):
     """The kernel function of specialization ``c`` (a :class:`Spec`)."""
-    MT, NCH = c.MT, c.NCH
-    Shared = c.lds_layout()
+    Shared = lds_layout(c)
 
     def pa_decode_s5(
         out: fx.Tensor, pmax: fx.Tensor, psum: fx.Tensor, pout: fx.Tensor,
@@ -685,79 +743,36 @@ def make_kernel(c):
     ):
         # col: MFMA column = this lane's query row within an M-tile; grp: its 16 tokens of the wave's 64
         tid, wave, lane, col, grp = lane_coords()
-        seq, by, part = fx.Int32(gpu.block_id("x")), fx.Int32(gpu.block_id("y")), fx.Int32(gpu.block_id("z"))
-        kvh, mgrp = by // c.MG, by % c.MG
-        slot, listed, live = seq, None, None  # where the partials go; the work list's tiles
-        if const_expr(c.WL):  # workgroup x does entry x: (sequence, first tile, end tile, 0)
-            seq = scalar_load(work_list, slot * 4)
-            listed = (scalar_load(work_list, slot * 4 + 1), scalar_load(work_list, slot * 4 + 2))
-            live = listed[0] < listed[1]  # an empty entry (past the batch's last chunk) reads no query
+        seq, slot, kvh, mgrp, part, listed, live = workgroup_work(c, work_list)
         q_rs, k_rs, v_rs, bt_rs = (rsrc(t) for t in (query, key_cache, value_cache, block_tables))
         ctx = scalar_load(context_lengths, seq)
         lds = fx.SharedAllocator().allocate(Shared).peek()
         shared = fx.recast_iter(fx.Uint8, lds.shared.ptr)
-        rows = query_rows(mgrp, col, MT, c.ROWS, c.QL, c.G)
+        rows = query_rows(mgrp, col, c.MT, c.ROWS, c.QL, c.G)
         k_scale = v_scale = None
         if const_expr(not c.per_token):
             k_scale = scalar_load(key_scale, 0).bitcast(fx.Float32)
             v_scale = scalar_load(value_scale, 0).bitcast(fx.Float32)
         last_page, t_start, t_end = tile_range(ctx, part, c.BS, c.QL, c.W, c.NP, listed)
-        pages = LanePages(bt_rs, k_rs, v_rs, seq * max_blocks, last_page, kvh, num_kv_heads, wave, lane, col,
-                          grp, block_size=c.BS, head_dim=c.HD, trans_v=c.trans_v)
-        # the first tile's page ids are issued before the query is staged: their latency runs
-        # alongside the query's, not after the staging barrier (one memory wait less a workgroup)
-        wp = None
-        if const_expr(c.WIDE):
-            wp = WidePages(bt_rs, k_rs, v_rs, seq * max_blocks, last_page, kvh, num_kv_heads, wave, lane, col, grp,
-                           block_size=c.BS, head_dim=c.HD, trans_v=c.trans_v, cpw=c.CPW)
-            first_pages = [wp.page_id(t_start, wp.k_j)] + wp.v_page_ids(t_start)
-        else:
-            first_pages = [pages.page_id(t_start, pages.k_j), pages.page_id(t_start, pages.v_j)]
+        pages, wp, first_pages = page_readers(c, bt_rs, k_rs, v_rs, seq, max_blocks, last_page, kvh, num_kv_heads,
+                                              wave, lane, col, grp, t_start)
         stage_query(c, shared, rows, q_rs, seq, kvh, q_stride_row, q_stride_head, wave, lane, grp, live)
         c_qk = score_factors(c, shared, lane, scale_log2, k_scale)
         # causal bound of each row: query qi sits at ctx - QL + qi and sees tokens <= it
-        hi1 = [ctx - (c.QL - 1) + rows[m][1] for m in range_constexpr(MT)]
+        hi1 = [ctx - (c.QL - 1) + rows[m][1] for m in range_constexpr(c.MT)]
+        k = types.SimpleNamespace(shared=shared, lane=lane, col=col, wave=wave, grp=grp, seq=seq, slot=slot,
+                                  kvh=kvh, ctx=ctx, c_qk=c_qk, hi1=hi1)
         if const_expr(c.per_token):
-            ks_rs, vs_rs = rsrc(key_scale), rsrc(value_scale)
-            sc_lds = fx.recast_iter(fx.Uint8, lds.scales.ptr)
-            sc_k = wave * (2 * WAVE * 4)  # this wave's 64 K scales, then its 64 V weights
-            sc_v = sc_k + WAVE * 4
+            per_token_slots(k, lds, key_scale, value_scale, wave)
+        outputs = (out,) if const_expr(not c.SPLIT) else (pout, pmax, psum)
         if const_expr(c.WIDE):  # P·V split by head_dim ("The head_dim split of P·V")
-            k = types.SimpleNamespace(
-                shared=shared, stats=fx.recast_iter(fx.Uint8, lds.stats.ptr), pslab=fx.recast_iter(fx.Uint8, lds.pslab.ptr),
-                lane=lane, col=col, wave=wave, grp=grp, seq=seq, slot=slot, kvh=kvh, ctx=ctx, c_qk=c_qk, hi1=hi1)
-            if const_expr(c.per_token):
-                k.ks_rs, k.vs_rs, k.sc_lds, k.sc_k, k.sc_v = ks_rs, vs_rs, sc_lds, sc_k, sc_v
+            k.stats, k.pslab = fx.recast_iter(fx.Uint8, lds.stats.ptr), fx.recast_iter(fx.Uint8, lds.pslab.ptr)
             res = wide_loop(c, k, wp, t_start, t_end, first_pages)
-            outputs = (out,) if const_expr(not c.SPLIT) else (pout, pmax, psum)
             wide_merge_and_write(c, k, res, rows, v_scale, outputs, part, num_kv_heads)
             return
-
-        zero4 = fx.Vector.filled(4, 0.0, fx.Float32)
-        state = list(first_pages)
-        state += [zero4] * (MT * NCH) + [fx.Float32(MASKED)] * MT + [fx.Float32(0.0)] * MT
-        O0, M0, L0 = 2, 2 + MT * NCH, 2 + MT * NCH + MT
-        for t, st in range(t_start, t_end, 1, init=state):
-            t = fx.Int32(t)
-            k_page, v_page = st[0], st[1]
-            pt_args = None
-            if const_expr(c.per_token):
-                k_sc1 = pages.scale(ks_rs, v_page)  # issued first: the oldest loads, waited for first
-                v_sc1 = pages.scale(vs_rs, v_page)
-                pt_args = (sc_lds, sc_k, sc_v, k_sc1, v_sc1, wave, grp)
-            k_words = pages.k(k_page)
-            k_page_next = pages.page_id(t + 1, pages.k_j)
-            v_page_next = pages.page_id(t + 1, pages.v_j)
-            fx.rocdl.sched_barrier(0)  # K (and scales, page ids) ahead of phase A
-            tok = t * TILE + wave * SPAN + grp * 16  # the lane's first token
-            p_all, corr_all, m_new, l_next, v_words, pt = phase_a(c, st, t, tok, ctx, k_words, pages, v_page, shared,
-                                                                  lane, c_qk, hi1, pt_args)
-            # phase B: every M-tile's P·V on V's registers (V as A, P as B: O is [d, row])
-            o_next = phase_b([st[O0 + i] for i in range_constexpr(MT * NCH)], v_words, p_all, corr_all, pt)
-            res = yield [k_page_next, v_page_next] + o_next + m_new + l_next
-
-        outputs = (out,) if const_expr(not c.SPLIT) else (pout, pmax, psum)
-        merge_and_write(c, lds, shared, res, rows, v_scale, outputs, slot, kvh, part, num_kv_heads, wave, lane, col, grp)
+        res = resident_loop(c, k, pages, t_start, t_end, first_pages)
+        merge_and_write(c, lds, shared, res, rows, v_scale, outputs, slot, kvh, part, num_kv_heads, wave, lane, col,
+                        grp)
 
     return pa_decode_s5
 

@@ -3,21 +3,15 @@
 
 """Stage 6: split-K partitions, the flash-combine reduce, and the finished ``paged_decode``.
 
-The partial kernel is chapter 5's (``pa_tile.stages.s5_phase_split_mtp``) specialized with
-``num_partitions`` > 1: workgroup z walks a contiguous range of 256-token tiles and writes the
-partition's row max, row sum and normalized output. ``build_reduce`` merges them into the output
-(global max, rescaled sums, weighted outputs; empty partitions add nothing, never NaN).
-``choose_num_partitions`` picks the split from the problem's shape and the device's CU count;
-``work_list`` lays it out balanced for ragged batches (equal chunks of the batch's tiles, one
-workgroup each, ``choose_schedule``); ``workspace_size``/``carve`` lay the partials out in one
-buffer. The finished API built from them
-(``pa_tile.plan``, ``pa_tile.paged_decode``, the ``torch.ops.pa_tile.paged_decode`` op) is
-``pa_tile.api``; this module's ``paged_decode``/``launch_args`` are the stage contract over it.
+Chapter 5's kernel split into partitions (``num_partitions``, or a balanced ``work_list``), the
+reduce that merges their partials (``build_reduce``), the choice of the split
+(``choose_num_partitions``) and the workspace. The public API over them is ``pa_tile.api``.
 """
 
 import dataclasses
 import functools
 import math
+import types
 
 import torch
 
@@ -34,7 +28,9 @@ __all__ = ["paged_decode", "launch_args", "build_reduce", "combine_torch", "choo
            "choose_num_partitions_budget", "partition_table", "DEFAULT_POLICY", "TRAFFIC_CAP", "split_extra_bytes",
            "within_traffic_cap", "workspace_size", "carve", "make_workspace", "LIMITS",
            "MAX_PARTITIONS", "PARTIAL_BYTES_BUDGET", "DEFAULT_SCHEDULE", "SCHEDULES", "chunk_floor",
-           "choose_schedule", "work_entries", "work_list", "work_list_buffers"]
+           "choose_schedule", "work_entries", "work_list", "work_list_buffers", "reduce_geometry",
+           "load_partition_group", "merge_partition_group", "combine_partitions", "tabled_split"]
+
 
 #: the finished kernel supports what chapter 5's does; the split is what this chapter adds
 LIMITS = dataclasses.replace(s5.LIMITS, stage="s6")
@@ -68,6 +64,86 @@ def combine_torch(pmax, psum, pout, query_length, group):
     return o.reshape(S, kvh, query_length, group, d).permute(0, 2, 1, 3, 4).reshape(S * query_length, kvh * group, d)
 
 
+def reduce_geometry(head_dim, group, query_length, q_dtype="f16"):
+    """The reduce's compile-time sizes for one (head_dim, group, query_length, query dtype), checked:
+    ``HD``, ``G``, ``QL``; ``ROWS`` query rows per (sequence, KV head); ``LPR`` lanes per row (4
+    channels, one dwordx4, each); ``RPW`` rows per workgroup; ``GRID_Z`` workgroups per (sequence,
+    KV head); ``QDT`` the output dtype."""
+    if head_dim % 64 or not 64 <= head_dim <= 256:
+        raise ValueError(f"unsupported head_dim={head_dim} (64, 128 or 256)")
+    if not (1 <= group <= s5.LIMITS.max_group and 1 <= query_length <= s5.LIMITS.max_query_length):
+        raise ValueError(f"unsupported group={group}, query_length={query_length}")
+    rows = group * query_length
+    lanes = head_dim // 4  # lanes per row: 4 channels (one dwordx4) each
+    rows_per_wg = REDUCE_THREADS // lanes
+    return types.SimpleNamespace(HD=head_dim, G=group, QL=query_length, ROWS=rows, LPR=lanes, RPW=rows_per_wg,
+                                 QDT=fx.BFloat16 if q_dtype == "bf16" else fx.Float16,
+                                 GRID_Z=(rows + rows_per_wg - 1) // rows_per_wg)
+
+
+def load_partition_group(c, rsrcs, stat0, stride, zb, hi, d0):
+    """The maxes, sums and 4 output channels of partitions ``zb .. zb + REDUCE_GROUP`` of the
+    thread's row (stats at float ``stat0 + z·stride``, outputs ``HD`` floats apart), every load
+    issued before any is used; a slot at or past ``hi`` reads 0 from ``PAST_PARTIALS``."""
+    mx_rs, sm_rs, po_rs = rsrcs
+    maxes, sums, outs = [], [], []
+    for u in range_constexpr(REDUCE_GROUP):
+        here = zb + u < hi
+        i = stat0 + (zb + u) * stride
+        at = fx.Int32(select(here, i * 4, PAST_PARTIALS))
+        maxes.append(buffer_load(mx_rs, at, 1).bitcast(fx.Float32))
+        sums.append(buffer_load(sm_rs, at, 1).bitcast(fx.Float32))
+        outs.append(buffer_load(po_rs, fx.Int32(select(here, (i * c.HD + d0) * 4, PAST_PARTIALS)), 4)
+                    .bitcast(fx.Float32))
+    return maxes, sums, outs
+
+
+def merge_partition_group(st, maxes, sums, outs, ninf, zero):
+    """The state ``st`` = ``[M, Σw, Σw·o]`` after one group: ``M`` rises to the group's live maxima
+    (an empty partition enters as ``ninf``), what came before is rescaled by ``e^(M_old - M)``, and
+    each partition adds ``w = ℓ·e^(m - M)``, 0 where ``ℓ = 0``. Returns ``(M, Σw, Σw·o)``."""
+    m_run = fx.Float32(st[0])
+    m_new = m_run  # the running max over partitions that saw a token
+    for u in range_constexpr(REDUCE_GROUP):
+        m_new = fmax(m_new, fx.Float32(select(sums[u] > 0.0, maxes[u], ninf)))
+    corr = fx.Float32(select(m_new > ninf, exp2((m_run - m_new) * LOG2E), zero))
+    den, acc = fx.Float32(st[1]) * corr, fx.Vector(st[2]) * splat4(corr)
+    for u in range_constexpr(REDUCE_GROUP):
+        w = fx.Float32(select(sums[u] > 0.0, sums[u] * exp2((maxes[u] - m_new) * LOG2E), zero))
+        den, acc = den + w, acc + outs[u] * splat4(w)
+    return m_new, den, acc
+
+
+@device_code
+def combine_partitions(c, out, pmax, psum, pout, num_kv_heads, z0, z1, first, stride):
+    """Merge partitions ``z0(seq) .. z1(seq)`` of this thread's row, whose stats sit at float
+    ``first(seq, kvh) + z·stride``, and write its 4 channels (``c``: ``reduce_geometry``)."""
+    tid = fx.Int32(gpu.thread_id("x"))
+    seq = fx.Int32(gpu.block_id("x"))
+    kvh = fx.Int32(gpu.block_id("y"))
+    r = fx.Int32(gpu.block_id("z")) * c.RPW + tid // c.LPR
+    rc = imin(r, c.ROWS - 1)  # rows past the end compute a real row's result and do not store it
+    d0 = (tid % c.LPR) * 4
+    mx_rs, sm_rs, po_rs, o_rs = (rsrc(t) for t in (pmax, psum, pout, out))
+    stat0 = first(seq, kvh) + rc  # partition z's stats at stat0 + z·stride, in floats
+    ninf = fx.Float32(float("-inf"))
+    zero = fx.Float32(0.0)
+    lo, hi = z0(seq), z1(seq)
+    init = [ninf, zero, fx.Vector.filled(4, 0.0, fx.Float32)]
+    for gi, st in range(0, (hi - lo + (REDUCE_GROUP - 1)) // REDUCE_GROUP, 1, init=init):
+        zb = lo + fx.Int32(gi) * REDUCE_GROUP
+        maxes, sums, outs = load_partition_group(c, (mx_rs, sm_rs, po_rs), stat0, stride, zb, hi, d0)
+        m_new, den, acc = merge_partition_group(st, maxes, sums, outs, ninf, zero)
+        res = yield [m_new, den, acc]
+    den = fx.Float32(res[1])
+    inv = fx.Float32(select(den > 0.0, rcp(den), zero))
+    o = fx.Vector(res[2]) * splat4(inv)
+    if r < c.ROWS:
+        qi = rc // c.G
+        orow = (seq * c.QL + qi) * (num_kv_heads * c.G) + kvh * c.G + (rc - qi * c.G)
+        buffer_store(o.to(c.QDT).bitcast(fx.Int32), o_rs, (orow * c.HD + d0) * 2)
+
+
 @functools.lru_cache(maxsize=None)
 def build_reduce(head_dim, group, query_length, q_dtype="f16", balanced=False):
     """The ``@flyc.jit`` flash-combine launcher ``launch(out, pmax, psum, pout, num_seqs,
@@ -80,73 +156,16 @@ def build_reduce(head_dim, group, query_length, q_dtype="f16", balanced=False):
     "Ragged batches"), ``launch(out, pmax, psum, pout, offsets, num_seqs, num_kv_heads)``:
     sequence s merges entries ``offsets[s] .. offsets[s+1]``.
     """
-    if head_dim % 64 or not 64 <= head_dim <= 256:
-        raise ValueError(f"unsupported head_dim={head_dim} (64, 128 or 256)")
-    if not (1 <= group <= s5.LIMITS.max_group and 1 <= query_length <= s5.LIMITS.max_query_length):
-        raise ValueError(f"unsupported group={group}, query_length={query_length}")
-    HD, G, QL = head_dim, group, query_length
-    ROWS = G * QL
-    LPR = HD // 4  # lanes per row: 4 channels (one dwordx4) each
-    RPW = REDUCE_THREADS // LPR  # rows per workgroup
-    QDT = fx.BFloat16 if q_dtype == "bf16" else fx.Float16
-    GRID_Z = (ROWS + RPW - 1) // RPW
-
-    @device_code
-    def combine(out, pmax, psum, pout, num_kv_heads, z0, z1, first, stride):
-        """Merge partitions ``z0 .. z1`` of this thread's row, whose stats sit at float ``first + z·stride``."""
-        tid = fx.Int32(gpu.thread_id("x"))
-        seq = fx.Int32(gpu.block_id("x"))
-        kvh = fx.Int32(gpu.block_id("y"))
-        r = fx.Int32(gpu.block_id("z")) * RPW + tid // LPR
-        rc = imin(r, ROWS - 1)  # rows past the end compute a real row's result and do not store it
-        d0 = (tid % LPR) * 4
-        mx_rs, sm_rs, po_rs, o_rs = (rsrc(t) for t in (pmax, psum, pout, out))
-        stat0 = first(seq, kvh) + rc  # partition z's stats at stat0 + z·stride, in floats
-        ninf = fx.Float32(float("-inf"))
-        zero = fx.Float32(0.0)
-
-        # one pass in groups of REDUCE_GROUP partitions, every load of a group issued before any is
-        # used (one memory wait per group, not one per partition); a slot past the last partition
-        # loads at PAST_PARTIALS, beyond the buffer, so it reads 0 (an empty partition) and fetches nothing
-        lo, hi = z0(seq), z1(seq)
-        init = [ninf, zero, fx.Vector.filled(4, 0.0, fx.Float32)]
-        for gi, st in range(0, (hi - lo + (REDUCE_GROUP - 1)) // REDUCE_GROUP, 1, init=init):
-            zb = lo + fx.Int32(gi) * REDUCE_GROUP
-            ms, ss, os_ = [], [], []
-            for u in range_constexpr(REDUCE_GROUP):
-                here = zb + u < hi
-                i = stat0 + (zb + u) * stride
-                at = fx.Int32(select(here, i * 4, PAST_PARTIALS))
-                ms.append(buffer_load(mx_rs, at, 1).bitcast(fx.Float32))
-                ss.append(buffer_load(sm_rs, at, 1).bitcast(fx.Float32))
-                os_.append(buffer_load(po_rs, fx.Int32(select(here, (i * HD + d0) * 4, PAST_PARTIALS)), 4)
-                           .bitcast(fx.Float32))
-            m_run = fx.Float32(st[0])
-            m_new = m_run  # the running max over partitions that saw a token (an empty one enters as -inf)
-            for u in range_constexpr(REDUCE_GROUP):
-                m_new = fmax(m_new, fx.Float32(select(ss[u] > 0.0, ms[u], ninf)))
-            # rescale what came before; weights w = l·e^(m - M) selected (not multiplied) to 0 for
-            # empty partitions, so M = -inf (all empty so far) never meets 0·inf
-            corr = fx.Float32(select(m_new > ninf, exp2((m_run - m_new) * LOG2E), zero))
-            den, acc = fx.Float32(st[1]) * corr, fx.Vector(st[2]) * splat4(corr)
-            for u in range_constexpr(REDUCE_GROUP):
-                w = fx.Float32(select(ss[u] > 0.0, ss[u] * exp2((ms[u] - m_new) * LOG2E), zero))
-                den, acc = den + w, acc + os_[u] * splat4(w)
-            res = yield [m_new, den, acc]
-        den = fx.Float32(res[1])
-        inv = fx.Float32(select(den > 0.0, rcp(den), zero))
-        o = fx.Vector(res[2]) * splat4(inv)
-        if r < ROWS:
-            qi = rc // G
-            orow = (seq * QL + qi) * (num_kv_heads * G) + kvh * G + (rc - qi * G)
-            buffer_store(o.to(QDT).bitcast(fx.Int32), o_rs, (orow * HD + d0) * 2)
+    c = reduce_geometry(head_dim, group, query_length, q_dtype)
+    ROWS, GRID_Z = c.ROWS, c.GRID_Z
 
     if balanced:
         @flyc.kernel(known_block_size=(REDUCE_THREADS, 1, 1))
         def pa_reduce_s6_listed(out: fx.Tensor, pmax: fx.Tensor, psum: fx.Tensor, pout: fx.Tensor,
                                 offsets: fx.Tensor, num_kv_heads: fx.Int32):
-            combine(out, pmax, psum, pout, num_kv_heads, lambda seq: scalar_load(offsets, seq),
-                    lambda seq: scalar_load(offsets, seq + 1), lambda seq, kvh: kvh * ROWS, num_kv_heads * ROWS)
+            combine_partitions(c, out, pmax, psum, pout, num_kv_heads, lambda seq: scalar_load(offsets, seq),
+                               lambda seq: scalar_load(offsets, seq + 1), lambda seq, kvh: kvh * ROWS,
+                               num_kv_heads * ROWS)
 
         @flyc.jit
         def launch_listed(out: fx.Tensor, pmax: fx.Tensor, psum: fx.Tensor, pout: fx.Tensor, offsets: fx.Tensor,
@@ -159,8 +178,8 @@ def build_reduce(head_dim, group, query_length, q_dtype="f16", balanced=False):
     @flyc.kernel(known_block_size=(REDUCE_THREADS, 1, 1))
     def pa_reduce_s6(out: fx.Tensor, pmax: fx.Tensor, psum: fx.Tensor, pout: fx.Tensor,
                      num_kv_heads: fx.Int32, num_partitions: fx.Int32):
-        combine(out, pmax, psum, pout, num_kv_heads, lambda seq: 0, lambda seq: num_partitions,
-                lambda seq, kvh: (seq * num_kv_heads + kvh) * num_partitions * ROWS, ROWS)
+        combine_partitions(c, out, pmax, psum, pout, num_kv_heads, lambda seq: 0, lambda seq: num_partitions,
+                           lambda seq, kvh: (seq * num_kv_heads + kvh) * num_partitions * ROWS, ROWS)
 
     @flyc.jit
     def launch(out: fx.Tensor, pmax: fx.Tensor, psum: fx.Tensor, pout: fx.Tensor,
@@ -263,25 +282,43 @@ def within_traffic_cap(num_seqs, num_kv_heads, max_context, num_partitions, *, h
     return extra <= (TRAFFIC_CAP - 1.0) * need
 
 
+def tabled_split(num_seqs, num_kv_heads, tiles, *, arch, head_dim, group, query_length, cu_count):
+    """The timing model's split of ``tiles`` 256-token tiles, from :func:`partition_table`:
+    ``(partitions, tiles per partition)``. The part tabled for ``arch`` whose CU count is nearest
+    ``cu_count`` (MI300X 304 / MI308X 80 for gfx942, MI355X 256 for gfx950), the configuration
+    sampled nearest to this one (nearest head_dim, then query rows ``group × query_length``, then
+    query length), the grid point nearest on a log scale to ``num_seqs × num_kv_heads`` (scaled by
+    the part's CU count over ``cu_count``, exact for a tabled part) and to ``tiles``; it keeps that
+    point's tiles per partition, then rounds so the tiles split evenly."""
+    table = partition_table()
+    rows = group * query_length
+    configs = [c for c in table["configs"] if c["arch"] == arch]
+    part = min({c["cu_count"] for c in configs}, key=lambda n: abs(math.log2(n / max(1, cu_count))))
+    configs = [c for c in configs if c["cu_count"] == part]
+    c = min(configs, key=lambda c: (abs(math.log2(c["head_dim"] / head_dim)),
+                                    abs(math.log2(c["group"] * c["query_length"] / rows)),
+                                    abs(c["query_length"] - query_length)))
+    i = _nearest(table["seq_heads"], num_seqs * num_kv_heads * c["cu_count"] / max(1, cu_count))
+    j = _nearest(table["tiles"], tiles)
+    per = -(-table["tiles"][j] // c["best"][i][j])  # the grid point's tiles per partition
+    parts = max(1, min(-(-tiles // per), MAX_PARTITIONS))
+    per = -(-tiles // parts)
+    return -(-tiles // per), per
+
+
 def choose_num_partitions(num_seqs, num_kv_heads, max_context, *, arch, head_dim=128, group=8, query_length=1,
                           cu_count=None, policy=None, block_size=16, per_token=False, query_bytes=2):
     """The split-K partition count for a problem shape (1 = no split, no reduce).
 
-    ``policy`` (None: :data:`DEFAULT_POLICY`) ``"model"``: the timing model's choice, looked up in :func:`partition_table`
-    (no emulator, no model at plan time): the part tabled for ``arch`` whose CU count is nearest
-    ``cu_count`` (MI300X 304 / MI308X 80 for gfx942, MI355X 256 for gfx950: bandwidth per CU
-    differs between parts, so an 80-CU part is not a 304-CU part with more sequences), the
-    configuration sampled nearest to this one (nearest head_dim, then query rows
-    ``group × query_length``, then query length), the grid point nearest on a log scale to
-    ``num_seqs × num_kv_heads`` (scaled by the part's CU count over ``cu_count``, exact for a
-    tabled part) and to the 256-token tiles of ``max_context``; it keeps that point's tiles per
-    partition, then rounds so the tiles split evenly; then it takes the largest even split not
-    above that whose bytes stay within :data:`TRAFFIC_CAP` (:func:`within_traffic_cap`, which
-    reads ``block_size``, ``per_token`` scales and ``query_bytes``). ``"fastest"``: the table's
-    count uncapped (at small batches with many query rows the model predicts it up to ~1.5x
-    faster, for up to ~1.6x the compulsory bytes: chapter 06). ``"budget"``:
-    :func:`choose_num_partitions_budget`, the earlier rule of thumb. ``cu_count``: the device's
-    (``pa_tile.backend.cu_count``); None takes the flagship part of ``arch`` (``pa_tile.arch``).
+    ``policy`` (None: :data:`DEFAULT_POLICY`) ``"model"``: the timing model's choice, looked up in
+    :func:`partition_table` (no emulator, no model at plan time; :func:`tabled_split` says how);
+    then the largest even split not above it whose bytes stay within :data:`TRAFFIC_CAP`
+    (:func:`within_traffic_cap`, which reads ``block_size``, ``per_token`` scales and
+    ``query_bytes``). ``"fastest"``: the table's count uncapped (at small batches with many query
+    rows the model predicts it up to ~1.5x faster, for up to ~1.6x the compulsory bytes: chapter
+    06). ``"budget"``: :func:`choose_num_partitions_budget`, the earlier rule of thumb.
+    ``cu_count``: the device's (``pa_tile.backend.cu_count``); None takes the flagship part of
+    ``arch`` (``pa_tile.arch``).
     """
     policy = DEFAULT_POLICY if policy is None else policy
     if policy == "budget":
@@ -292,21 +329,9 @@ def choose_num_partitions(num_seqs, num_kv_heads, max_context, *, arch, head_dim
     if cu_count is None:
         cu_count = _arch.info(arch).cu_count
     _arch.check_arch(arch)
-    table = partition_table()
-    rows = group * query_length
-    configs = [c for c in table["configs"] if c["arch"] == arch]
-    part = min({c["cu_count"] for c in configs}, key=lambda n: abs(math.log2(n / max(1, cu_count))))
-    configs = [c for c in configs if c["cu_count"] == part]
-    c = min(configs, key=lambda c: (abs(math.log2(c["head_dim"] / head_dim)),
-                                    abs(math.log2(c["group"] * c["query_length"] / rows)),
-                                    abs(c["query_length"] - query_length)))
     tiles = max(1, -(-max_context // TILE))
-    i = _nearest(table["seq_heads"], num_seqs * num_kv_heads * c["cu_count"] / max(1, cu_count))
-    j = _nearest(table["tiles"], tiles)
-    per = -(-table["tiles"][j] // c["best"][i][j])  # the grid point's tiles per partition
-    parts = max(1, min(-(-tiles // per), MAX_PARTITIONS))
-    per = -(-tiles // parts)
-    parts = -(-tiles // per)
+    parts, per = tabled_split(num_seqs, num_kv_heads, tiles, arch=arch, head_dim=head_dim, group=group,
+                              query_length=query_length, cu_count=cu_count)
     if policy == "model":
         while parts > 1 and not within_traffic_cap(num_seqs, num_kv_heads, max_context, parts, head_dim=head_dim,
                                                    group=group, query_length=query_length, block_size=block_size,
