@@ -357,9 +357,14 @@ _MAX_PLANS = 64
 def _call_key(tensors, options):
     """Every tensor's metadata and memory, and the options: a call with the same key is the same
     problem on the same buffers, so its plan serves again. ``None`` when an argument is not a
-    tensor/number (the full validation then names it)."""
+    tensor/number (the full validation then names it), or a fake (its memory is no address: every
+    fake's ``data_ptr`` reads 0, and PyTorch deprecates reading it)."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
     key = []
     for t in tensors:
+        if isinstance(t, FakeTensor):
+            return None
         if isinstance(t, torch.Tensor):
             key.append((t.data_ptr(), t.shape, t.stride(), t.dtype, t.device))
         elif t is None or (isinstance(t, (int, float)) and not isinstance(t, bool)):

@@ -296,3 +296,21 @@ def test_splits_past_the_kernels_32_bit_partial_offsets_are_refused_by_name():
     api._workspace(prob(seqs), parts, None, None, "balanced")
     with pytest.raises(ValueError, match="num_partitions: a balanced split of .* 32-bit"):
         api._workspace(prob(seqs + 1), parts, None, None, "balanced")
+
+
+def test_fake_tensors_are_never_a_plan_cache_key():
+    """A fake's data_ptr is 0 for every tensor (and deprecated): two calls on different fake
+    buffers would share one key, so a fake call is planned anew and nothing reads its pointer."""
+    import warnings
+
+    from pa_tile import api
+
+    case = _case("gfx950", SKEWED)
+    real = _args(case, "cpu")
+    with backend.simulate_gpu("gfx950"), FakeTensorMode(allow_non_fake_inputs=False):
+        args = tuple(torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="cuda") for t in real)
+        assert api._call_key(args, (None,)) is None
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # PyTorch's data_ptr deprecation would raise here
+            pa_tile.paged_decode(*args, num_partitions=3, schedule="balanced")
+    assert api._call_key(real, (None,)) is not None  # real tensors still key the cache
