@@ -249,7 +249,8 @@ def load_partition_group(c, rsrcs, stat0, stride, zb, hi, d0):
 def merge_partition_group(st, maxes, sums, outs, ninf, zero):
     """The state ``st`` = ``[M, Σw, Σw·o]`` after one group: ``M`` rises to the group's live maxima
     (an empty partition enters as ``ninf``), what came before is rescaled by ``e^(M_old - M)``, and
-    each partition adds ``w = ℓ·e^(m - M)``, 0 where ``ℓ = 0``. Returns ``(M, Σw, Σw·o)``."""
+    each partition adds ``w = ℓ·e^(m - M)``, selected (not multiplied) to 0 where ``ℓ = 0``, so
+    ``M = -inf`` (every partition so far empty) never meets ``0·inf``. Returns ``(M, Σw, Σw·o)``."""
     m_run = fx.Float32(st[0])
     m_new = m_run  # the running max over partitions that saw a token
     for u in range_constexpr(REDUCE_GROUP):

@@ -754,6 +754,7 @@ def make_kernel(c):
             k_scale = scalar_load(key_scale, 0).bitcast(fx.Float32)
             v_scale = scalar_load(value_scale, 0).bitcast(fx.Float32)
         last_page, t_start, t_end = tile_range(ctx, part, c.BS, c.QL, c.W, c.NP, listed)
+        # the first tile's page ids go out before the query is staged: their wait overlaps the query's
         pages, wp, first_pages = page_readers(c, bt_rs, k_rs, v_rs, seq, max_blocks, last_page, kvh, num_kv_heads,
                                               wave, lane, col, grp, t_start)
         stage_query(c, shared, rows, q_rs, seq, kvh, q_stride_row, q_stride_head, wave, lane, grp, live)
