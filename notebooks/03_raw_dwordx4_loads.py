@@ -410,7 +410,8 @@ print(format_table(rows))
 # Same matrix and checks as chapter 2 (the fp8 bound is explained there): both archs, block
 # 16 and 64, group 8 and 16, contexts 1, 17, 256, 1027 with shuffled pages and `-1` in unused
 # block-table entries. The prefetch changes no arithmetic, so the output must be
-# **bit-identical** to chapter 2's kernel.
+# **bit-identical** to chapter 2's kernel. One row per (arch, block, group), the worst of its
+# four sequences, as in chapter 2.
 
 # %% tags=["nbval-ignore-output"]
 from pa_tile import backend  # noqa: E402
@@ -426,18 +427,20 @@ def check(arch, block_size, group, contexts=(1, 17, 256, 1027), num_kv_heads=1, 
     got = s3.paged_decode(*args, arch=arch).cpu()
     before = s2.paged_decode(*args, arch=arch).cpu()
     ref, bound = case.error_bound(out_dtype=got.dtype)
-    rows = []
-    for s, n in enumerate(contexts):
-        err = (got[s].float() - ref[s]).abs()
-        rows.append(dict(arch=arch, block=block_size, group=group, context=n,
-                         err_vs_ref=round(float(err.max()), 4), of_bound=round(float((err / bound[s]).max()), 2),
-                         ok=bool((err <= bound[s]).all()),
-                         same_as_stage2=bool(torch.equal(got[s], before[s]))))
-    return rows
+    err = (got.float() - ref).abs()
+    of_bound = (err / bound).flatten(1).amax(1)  # per sequence
+    worst = int(of_bound.argmax())
+    return dict(arch=arch, block=block_size, group=group, err_vs_ref=round(float(err.max()), 4),
+                of_bound=round(float(of_bound[worst]), 2), at_context=contexts[worst],
+                ok=bool((err <= bound).all()), same_as_stage2=bool(torch.equal(got, before)))
 
 
-table = [r for arch in backend.runnable_archs() for bs in (16, 64) for g in (8, 16) for r in check(arch, bs, g)]
+# one row per (arch, block, group): the worst of its four sequences
+table = [check(arch, bs, g) for arch in backend.runnable_archs() for bs in (16, 64) for g in (8, 16)]
 print(format_table(table))
+same = all(r["same_as_stage2"] for r in table)
+print(f"{len(table)} configurations x 4 contexts: {'all' if all(r['ok'] for r in table) else 'NOT all'} "
+      f"{4 * len(table)} sequences within the bound, {'all' if same else 'NOT all'} bit-identical to stage 2")
 assert all(r["ok"] and r["same_as_stage2"] for r in table)
 
 # %% [markdown]

@@ -246,28 +246,54 @@ V_LAYOUTS = LIMITS.v_layouts
 STATS_STRIDE = 5  # words per head row of the merge's (max, sum) table: 4 waves + 1 pad (see the notebook)
 
 
+# %% [markdown]
+# The layouts enter `Pages` only in its constructor, which turns `k_blocked` and `v_trans` into
+# the two K strides, the lane's V offset and the d-chunks' scalar offsets, once before the loop:
+
 # %%
 from pa_tile import kernel_lib  # noqa: E402
 from pa_tile.show import source  # noqa: E402
 
-source(kernel_lib.Pages)
+source(kernel_lib.Pages.__init__)
+
+# %% [markdown]
+# The loads are chapter 2's, unchanged: they read only those fields, `k` stepping by `k_row`
+# and `k_chunk` in immediate offsets, `v` by the chunk offsets in SGPRs. (`page_id` and
+# `slab` do not depend on the layout.)
+
+# %%
+source(kernel_lib.Pages.k, kernel_lib.Pages.v)
 
 # %% [markdown]
 # `query_operands` and `scores` take the number of 64-channel halves (1 at head_dim 64) and
-# the query's 16-bit dtype; `softmax_step` takes the per-token P weights `p_weight`
-# (multiplied in after the sum, before the fp8 rounding); `mask_tail` and `pv_step` already
-# work for any number of d-chunks.
+# the query's 16-bit dtype:
 
 # %%
-source(kernel_lib.query_operands, kernel_lib.scores, kernel_lib.softmax_step)
+source(kernel_lib.query_operands, kernel_lib.scores)
 
 # %% [markdown]
-# `merge_waves` takes the stride of the (max, sum) table's head rows: `stats_stride` words,
-# 5 by default (the padding discussed above), 4 for the unpadded table. Its exchange is
-# `kernel_lib.exchange`, chapter 5 sends fewer slots per round through it.
+# `softmax_step` takes the per-token P weights `p_weight`, multiplied in after the sum and
+# before the fp8 rounding: the sum `l` stays unweighted, as the formula for per-token V
+# scales above wants, and the weights (≤ 1) keep P inside the fp8 range. `mask_tail` and
+# `pv_step` already work for any number of d-chunks.
 
 # %%
-source(kernel_lib.merge_waves, kernel_lib.exchange)
+source(kernel_lib.softmax_step)
+
+# %% [markdown]
+# `merge_waves` takes the stride of the (max, sum) table's head rows (`stride`, in words). The
+# library's default, 4, is the unpadded table of chapters 2 and 3; this stage passes its
+# `stats_stride`, 5 by default: the padding that removes a bank conflict, explained below.
+
+# %%
+source(kernel_lib.merge_waves)
+
+# %% [markdown]
+# Its exchange is `kernel_lib.exchange`, unchanged here; chapter 5 runs it with fewer slots per
+# round (`slots`), sized to the LDS region it reuses for it.
+
+# %%
+source(kernel_lib.exchange)
 
 # %% [markdown]
 # Per-token scales are what the kernel adds to the building blocks. A lane's 16 tokens' scales
@@ -595,7 +621,10 @@ print(format_table(rows) if EMU else NO_TRACE)
 # per-token, bf16 per-token} on trans-blocked V, plus bf16 per-tensor on plain V; contexts 1,
 # 17, 256, 1027, shuffled pages, `-1` in unused block-table entries. Checked as in chapter 2:
 # against the float32 reference within the fp8 bound (`case.error_bound()`), and against
-# `numerics_model` (the same roundings in torch) `2·10⁻⁴ + 1 ulp` of the output dtype.
+# `numerics_model` (the same roundings in torch) `2·10⁻⁴ + 1 ulp` of the output dtype. One row
+# per (arch, block, head_dim); the four middle columns are the worst `err / bound` of each
+# (query dtype, scales, V layout) combination over its four contexts, `err_vs_ref` the largest
+# error of the row.
 
 # %% tags=["nbval-ignore-output"]
 def check(arch, block_size, head_dim, q_dtype, scales, v_layout, contexts=(1, 17, 256, 1027)):
@@ -608,18 +637,27 @@ def check(arch, block_size, head_dim, q_dtype, scales, v_layout, contexts=(1, 17
     model = s4.numerics_model(*(x.cpu() for x in args), arch=arch, v_layout=v_layout).float()
     ulp = 2.0**-7 if q_dtype == torch.bfloat16 else 2.0**-10
     err = (got.float() - ref).abs()
-    return dict(arch=arch, block=block_size, head_dim=head_dim, query=str(q_dtype)[6:], scales=scales, v=v_layout,
-                out=str(got.dtype)[6:], err_vs_ref=round(float(err.max()), 4),
-                of_bound=round(float((err / bound).max()), 2), ok=bool((err <= bound).all()),
+    return dict(out_is_query=got.dtype == q_dtype, err_vs_ref=float(err.max()), of_bound=float((err / bound).max()),
+                ok=bool((err <= bound).all()),
                 matches_model=bool(((got.float() - model).abs() <= 2e-4 + ulp * model.abs()).all()))
 
 
-combos = [(torch.float16, "per-tensor", "trans_blocked"), (torch.float16, "per-token", "trans_blocked"),
-          (torch.bfloat16, "per-token", "trans_blocked"), (torch.bfloat16, "per-tensor", "plain")]
-table = [check(arch, bs, hd, *c) for arch in backend.runnable_archs() for bs in (16, 64) for hd in (64, 128)
-         for c in combos]
+combos = {"f16 tensor": (torch.float16, "per-tensor", "trans_blocked"),
+          "f16 token": (torch.float16, "per-token", "trans_blocked"),
+          "bf16 token": (torch.bfloat16, "per-token", "trans_blocked"),
+          "bf16 tensor plain-V": (torch.bfloat16, "per-tensor", "plain")}
+table, cases = [], []
+for arch, bs, hd in [(a, bs, hd) for a in backend.runnable_archs() for bs in (16, 64) for hd in (64, 128)]:
+    res = {name: check(arch, bs, hd, *c) for name, c in combos.items()}  # one row per (arch, block, head_dim)
+    cases += res.values()
+    table.append(dict(arch=arch, block=bs, head_dim=hd, **{name: r["of_bound"] for name, r in res.items()},
+                      err_vs_ref=round(max(r["err_vs_ref"] for r in res.values()), 4),
+                      ok=all(r["ok"] for r in res.values()), matches_model=all(r["matches_model"] for r in res.values())))
+print("worst err / bound per (query dtype, scales, V layout):")
 print(format_table(table))
-assert all(r["ok"] and r["matches_model"] and r["out"] == r["query"] for r in table)
+good = [all(r[k] for k in ("ok", "matches_model", "out_is_query")) for r in cases]
+print(f"{len(cases)} cases: {sum(good)} within the bound, matching numerics_model, output in the query's dtype")
+assert all(good)
 
 # %% [markdown]
 # On chapter 3's scope (f16, head_dim 128, per-tensor) the output is **bit-identical** to

@@ -1178,8 +1178,7 @@ def make_kernel(c):
             wide_merge_and_write(c, k, res, rows, v_scale, outputs, part, num_kv_heads)
             return
         res = resident_loop(c, k, pages, t_start, t_end, first_pages)
-        merge_and_write(c, lds, shared, res, rows, v_scale, outputs, slot, kvh, part, num_kv_heads, wave, lane, col,
-                        grp)
+        merge_and_write(c, lds, shared, res, rows, v_scale, outputs, slot, kvh, part, num_kv_heads, wave, lane, col, grp)
 
     return pa_decode_s5
 
