@@ -1491,7 +1491,8 @@ figures.upstream_margins(up_rows, [("VGPR+AGPR", "vgpr", "upstream_vgpr", False)
                          marker="block", title="This kernel against upstream's pa_decode_tile, gfx942: each configuration's margin")
 plt.show()
 print(format_table([r for r in up_rows if (r["block"], r["group"], r["scales"]) == (16, 16, "tensor")]))
-print(sum(r["meets"] == "yes" for r in up_rows), "of", len(up_rows), "meet or beat upstream")
+print(sum(r["meets"] == "yes" for r in up_rows), "of", len(up_rows), "meet or beat upstream",
+      f"(ROCm/FlyDSL {upstream.UPSTREAM_COMMIT[:8]}, compiled here with flydsl {upstream.FLYDSL_VERSION})")
 assert all(r["meets"] == "yes" and r["spill"] == 0 for r in up_rows)
 
 # %% [markdown]

@@ -1195,7 +1195,8 @@ figures.upstream_margins(up_rows, [("VGPR+AGPR", "vgpr", "upstream", False), ("w
                          title="The split kernel (P = 4) against upstream's pa_decode_tile: each configuration's margin")
 plt.show()
 print(sum(r["meets"] == "yes" for r in up_rows), "of", len(up_rows), "meet or beat upstream;",
-      "spills/scratch anywhere:", any(r["spill"] for r in up_rows))
+      "spills/scratch anywhere:", any(r["spill"] for r in up_rows),
+      f"(ROCm/FlyDSL {upstream.UPSTREAM_COMMIT[:8]}, compiled here with flydsl {upstream.FLYDSL_VERSION})")
 
 # %% [markdown]
 # The split adds only the partial stores after the loop, so the figures follow chapter 5's (its
