@@ -599,9 +599,9 @@ def test_grouped_summary_phases():
         ("prologue", "buffer_load_dwordx4", 1, 20), ("prologue", "s_load_dwordx4", 1, 5),
         ("prologue", "s_load_dword", 1, 6),
         (None, "ds_read_b32", 1, 32)]   # outside every range: last
-    by_line = t.grouped_summary(phases=lambda line: "late" if line >= 30 else "early")
-    assert [r["phase"] for r in by_line] == ["early"] * 2 + ["early"] * 2 + ["late"] * 2
-    assert by_line[-1]["max_degree"] == 32 and by_line[-2]["max_degree"] == 1
+    halves = t.grouped_summary(phases=[("early", 0, 29), ("late", 30, 99)])
+    assert [r["phase"] for r in halves] == ["early"] * 4 + ["late"] * 2
+    assert halves[-1]["max_degree"] == 32 and halves[-2]["max_degree"] == 1
     # a window selects executions, as in summary
     assert all(r["executions"] == 1 for r in t.grouped_summary(0, 8))
 

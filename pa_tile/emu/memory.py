@@ -1032,9 +1032,9 @@ class Trace:
         dozen ``ds_read_b128``); this is the short table that says what they do. Lines are grouped
         by ``(phase, space, mnemonic, shape)``:
 
-        * ``phases``: ``None`` (no phase), a sequence of ``(name, first_line, last_line)`` ranges
-          (inclusive; e.g. prologue / loop / epilogue from ``pa_tile.isa.loop_phases``), or a
-          callable ``line -> name``. A line in no range has phase ``None``.
+        * ``phases``: ``None`` (no phase) or a sequence of ``(name, first_line, last_line)`` ranges
+          (inclusive; e.g. prologue / loop / epilogue from ``pa_tile.isa.loop_phases``). A line in
+          no range has phase ``None``.
         * ``shapes=True`` keeps lines apart whose access differs per execution: bytes, 64-byte
           segments and minimum segments (global/buffer), bytes and worst conflict degree (LDS).
           A broadcast load then never hides among coalesced ones. ``shapes=False`` merges them
@@ -1048,27 +1048,17 @@ class Trace:
         (``min_segments / segments``) and ``distinct_bytes``; LDS rows ``max_degree``,
         ``mean_degree`` (per execution) and ``conflict_cycles``. Per-execution figures are ints
         when whole. Totals equal those of :meth:`summary`. Rows are ordered by phase (the order
-        of ``phases``; a callable's phases by first line), then global, buffer, LDS, scalar, then
-        first line.
+        of ``phases``, lines in no range last), then global, buffer, LDS, scalar, then first line.
         """
-        if phases is None:
-            def phase_of(line):
-                return None
-            order: dict = {}
-        elif callable(phases):
-            phase_of, order = phases, {}
-        else:
-            ranges = [(name, int(lo), int(hi)) for name, lo, hi in phases]
-            order = {}
-            for name, _, _ in ranges:
-                order.setdefault(name, len(order))
+        ranges = [(name, int(lo), int(hi)) for name, lo, hi in (phases or ())]
+        order = {name: i for i, (name, _, _) in reversed(list(enumerate(ranges)))}  # a name's first range
 
-            def phase_of(line):
-                if isinstance(line, int):
-                    for name, lo, hi in ranges:
-                        if lo <= line <= hi:
-                            return name
-                return None
+        def phase_of(line):
+            if isinstance(line, int):
+                for name, lo, hi in ranges:
+                    if lo <= line <= hi:
+                        return name
+            return None
 
         def per(total, n):
             return total // n if total % n == 0 else total / n
@@ -1108,17 +1098,8 @@ class Trace:
             if phases is None:
                 del a["phase"]
             out.append(a)
-        first_seen: dict = {}  # a callable's phases, in the order of their first line
-        for a in sorted(out, key=lambda a: (a["first_line"] is None, a["first_line"] or 0)):
-            first_seen.setdefault(a.get("phase"), len(first_seen))
-
-        def phase_rank(p):
-            if p in order:
-                return order[p]
-            return len(order) + (len(first_seen) if order else first_seen[p])  # outside the ranges: last
-
         rank = {"global": 0, "buffer": 1, "lds": 2, "scalar": 3}
-        out.sort(key=lambda a: (phase_rank(a.get("phase")), rank.get(a["space"], 4), a["first_line"] is None,
+        out.sort(key=lambda a: (order.get(a.get("phase"), len(order)), rank.get(a["space"], 4), a["first_line"] is None,
                                 a["first_line"] or 0, a["mnemonic"]))
         return out
 
