@@ -610,24 +610,21 @@ def occupancy(stats: IsaStats, arch: Optional[str] = None) -> Occupancy:
                          stats.workgroup_size or 256, stats.wavefront_size)
 
 
-def loop_phases(stats: Union[IsaStats, str], kernel: Union[str, int, None] = None,
-                names: Sequence[str] = ("prologue", "loop", "epilogue")) -> List[Tuple[str, int, int]]:
+def loop_phases(stats: Union[IsaStats, str], kernel: Union[str, int, None] = None) -> List[Tuple[str, int, int]]:
     """``(name, first_line, last_line)`` of the code before, in and after the kernel's main loop
     (:attr:`IsaStats.main_loop`), in lines of the assembly text the stats were read from: the
     lines the emulator's trace records, so ``Trace.grouped_summary(phases=loop_phases(...))``
     sorts every memory instruction into prologue, loop and epilogue. *stats* may also be that
     text (then *kernel* picks the kernel, as in :meth:`IsaStats.from_asm`). Without a loop the
-    whole text is one phase, ``names[0]``.
+    whole text is one phase, ``"prologue"``.
     """
     if isinstance(stats, str):
         stats = IsaStats.from_asm(stats, kernel)
-    if len(names) != 3:
-        raise ValueError(f"names must name the three phases, got {names!r}")
     lp = stats.main_loop
     if lp is None:
-        return [(names[0], 1, _LAST_LINE)]
-    return [(names[0], 1, lp.start_line - 1), (names[1], lp.start_line, lp.end_line),
-            (names[2], lp.end_line + 1, _LAST_LINE)]
+        return [("prologue", 1, _LAST_LINE)]
+    return [("prologue", 1, lp.start_line - 1), ("loop", lp.start_line, lp.end_line),
+            ("epilogue", lp.end_line + 1, _LAST_LINE)]
 
 
 _LAST_LINE = 2 ** 31 - 1  # "to the end of the text"
