@@ -3,8 +3,8 @@
 #
 # usage: ./run.sh COMMAND [ARGS...]
 #   setup        create .venv and install pa_tile with its notebook and test tools (scripts/setup.sh)
-#   walkthrough  execute every notebook in order, headless, on the best backend present (ROCm GPU
-#                if there is one, otherwise the CPU emulator); outputs are written into
+#   walkthrough  execute every chapter in order, then the appendices, headless, on the best
+#                backend present (ROCm GPU if there is one, otherwise the CPU emulator); outputs are written into
 #                notebooks/*.ipynb, normalized so that an unchanged chapter leaves git clean
 #   lab [ARGS]   open the notebooks in JupyterLab (the .py chapters open as notebooks)
 #   test [ARGS]  the whole test suite: export check, unit tests, emulator tests, nbval over the
@@ -42,7 +42,9 @@ case "${1:-}" in
   walkthrough)
     setup
     headless
-    for nb in notebooks/[0-9][0-9]_*.py; do
+    # the chapters in reading order, then the appendices they link to
+    shopt -s nullglob
+    for nb in notebooks/[0-9][0-9]_*.py notebooks/appendix_*.py; do
       ipynb="${nb%.py}.ipynb"
       echo "=== running $nb"
       # Inputs from the .py source into the committed .ipynb, keeping its cell ids (--update);
