@@ -445,10 +445,10 @@ def upstream_margins(rows: Sequence[Mapping], metrics: Sequence[tuple], *,
 
 
 # ---------------------------------------------------------------------------------------------
-# chapter 06
+# chapter 07
 
 def split_k(context_lengths: Sequence[int], num_partitions: int, tile_tokens: int = 256):
-    """Split-K as chapter 6 runs it: sequence ``s`` has ``n = ceil(L_s / 256)`` tiles; partition
+    """Split-K as chapter 7 runs it: sequence ``s`` has ``n = ceil(L_s / 256)`` tiles; partition
     ``z`` (grid z) takes tiles ``[z·tpp, min((z+1)·tpp, n))`` with ``tpp = ceil(n / P)``, so a
     short sequence leaves partitions empty (they write ``ℓ = 0`` and drop out of the reduce).
     The reduce combines each row's ``(m_z, ℓ_z, o_z)``."""
@@ -492,7 +492,7 @@ def split_k(context_lengths: Sequence[int], num_partitions: int, tile_tokens: in
 
 
 # ---------------------------------------------------------------------------------------------
-# chapter 07
+# chapter 08
 
 def roofline(shapes, gpus: Sequence[str] = ("MI300X", "MI355X"), *, whole_pages: bool = False):
     """Log-log time floor (bytes / HBM bandwidth) against context length: one colour per
@@ -540,7 +540,7 @@ def _pick(rows, **kw):
 
 def static_facts(static: Sequence[dict], names: Sequence[str], configs: Sequence[tuple],
                  ref: tuple = ("gfx942", 16)):
-    """Chapter 7's static facts of the compiled stages (``stage_metrics.collect``'s ``static``
+    """Chapter 8's static facts of the compiled stages (``stage_metrics.collect``'s ``static``
     rows): registers, occupancy, LDS and main-loop length per (arch, block size), with one
     shared legend; the loop's instruction families and the kernel's load widths for ``ref``.
     AGPRs are drawn hatched on top of the VGPRs wherever a stage uses any."""
@@ -602,7 +602,7 @@ def static_facts(static: Sequence[dict], names: Sequence[str], configs: Sequence
 
 
 def trace_facts(trace: Sequence[dict], names: Sequence[str], archs: Sequence[str], ref: str = "gfx942"):
-    """Chapter 7's emulator-trace facts (``stage_metrics.collect``'s ``trace`` rows): bytes per
+    """Chapter 8's emulator-trace facts (``stage_metrics.collect``'s ``trace`` rows): bytes per
     K/V load, coalescing, LDS bank conflicts per arch, and the executed instruction mix of one
     256-token tile on ``ref``. Colour = arch, hatching = V (plain = K)."""
     plt = _plt()

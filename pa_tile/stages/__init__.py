@@ -17,7 +17,7 @@ STAGES = {
     "s3": ("pa_tile.stages.s3_raw_loads", "03_raw_dwordx4_loads"),
     "s4": ("pa_tile.stages.s4_blocked_layouts", "04_blocked_layouts"),
     "s5": ("pa_tile.stages.s5_phase_split_mtp", "05_phase_split_mtp"),
-    "s6": ("pa_tile.stages.s6_split_k", "06_split_k_and_the_finished_kernel"),
+    "s6": ("pa_tile.stages.s6_split_k", "07_split_k_and_the_finished_kernel"),
 }
 
 

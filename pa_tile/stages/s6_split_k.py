@@ -1,4 +1,4 @@
-# GENERATED from notebooks/06_split_k_and_the_finished_kernel.py by `python -m pa_tile._export`.
+# GENERATED from notebooks/07_split_k_and_the_finished_kernel.py by `python -m pa_tile._export`.
 # Do not edit: change the cells tagged `export` in the notebook and re-run the export.
 
 """Stage 6: split-K partitions, the flash-combine reduce, and the finished ``paged_decode``.

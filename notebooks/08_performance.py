@@ -255,7 +255,7 @@ else:
 # so they load one more tile's K (1.12x). At `query_length` 4 the M-tiles of a KV head share one
 # workgroup and its K/V reads (chapter 5's phase split, P·V split across the waves by head_dim):
 # stage 5 alone reads K and V once at both group sizes. Stage 6 splits only within its traffic
-# cap (1.05x the compulsory bytes, chapter 6): two partitions at one query token and group 8,
+# cap (1.05x the compulsory bytes, chapter 7): two partitions at one query token and group 8,
 # whose partials the reduce reads back (1.12x the visible bytes instead of stage 5's 1.07x), and
 # no split at the wider rows, where the model's fastest split would load up to 1.58x.
 

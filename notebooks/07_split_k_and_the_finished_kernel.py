@@ -197,9 +197,9 @@ print("all empty:", combine_torch(torch.full_like(pmax, -6.9e29), torch.zeros_li
 # converted to the query dtype and stored as 8 bytes per lane.
 #
 # An earlier version made two passes (the max, then the weighted sum), each waiting for memory once
-# per partition: at the 16-way split of chapter 7's shape the timing model of the time put it at
+# per partition: at the 16-way split of chapter 8's shape the timing model of the time put it at
 # 15 µs of a 48 µs call on MI300X, and the grouped pass at 5 µs, 2 of them the launch (a model's
-# figures, not measurements; today's is the `reduce` term of chapter 7's predictions).
+# figures, not measurements; today's is the `reduce` term of chapter 8's predictions).
 
 # %% tags=["export"]
 def reduce_geometry(head_dim, group, query_length, q_dtype="f16"):
@@ -401,7 +401,7 @@ assert all(r["finite"] and r["all_empty_row_is_0"] and float(r["max_err"]) < 2**
 # More partitions fill more CUs but cost something each: a partition pays chapter 5's prologue
 # (load and quantize Q, fetch the first page ids) and its four-wave merge, and writes
 # `rows × (head_dim + 2)` floats that the reduce reads back. Two policies balance the two. The
-# **default is the timing model's** (`pa_tile.perf.model`, chapter 7): the count it predicts
+# **default is the timing model's** (`pa_tile.perf.model`, chapter 8): the count it predicts
 # fastest, looked up in a table it precomputed (below). The **rule of thumb** it replaced,
 # `choose_num_partitions_budget` (`policy="budget"`), is still here, because it explains the
 # trade-off in three lines:
@@ -624,7 +624,7 @@ print(format_table(hrows))
 #
 # ### The timing model decides
 #
-# The rule's 3 % budget is a guess about a trade the timing model can price: chapter 7's model
+# The rule's 3 % budget is a guess about a trade the timing model can price: chapter 8's model
 # predicts a launch's time from the compiled code and an emulator sample, including what a split
 # adds (each partition's prologue and merge, the partials' bytes, the reduce kernel, the grid's
 # waves over the CUs). `scripts/partition_table.py` runs it for stage 6 over a grid (sequences ×
@@ -1261,7 +1261,7 @@ if not steps:
 # The split is where the finished kernel's predicted gain at decode batch sizes comes from: 16
 # long workgroups, each a chain of 64 tiles waiting on memory, become a few hundred short ones of
 # 4 tiles running side by side across the machine; the reduce kernel and its launch give part of
-# it back (the prediction's `reduce` term, chapter 7). Chapter 7 sets every stage and upstream's
+# it back (the prediction's `reduce` term, chapter 8). Chapter 8 sets every stage and upstream's
 # tile kernel side by side on this shape.
 
 # %% tags=["nbval-ignore-output"]
@@ -1280,7 +1280,7 @@ print(speedup.report("s6", "s5"))
 #   per-token scales, head_dim 64/128, bf16, strided queries.
 # * **Chapter 5**: multi-token (MTP) decode and wide GQA in 16-row M-tiles, the phase split, exact
 #   masking (a hidden token adds exactly nothing), sliding windows.
-# * **Chapter 6**: split-K over partitions with a NaN-proof flash-combine, the partition count the
+# * **Chapter 7**: split-K over partitions with a NaN-proof flash-combine, the partition count the
 #   timing model predicts fastest (a precomputed table; the 3 %-budget rule of thumb beside it), a
 #   balanced work list that keeps a ragged batch's longest sequence from setting the launch's
 #   length, and `pa_tile.paged_decode`: one validated call that allocates nothing
