@@ -17,7 +17,7 @@ import numpy as np
 
 __all__ = ["OKABE_ITO", "decode_floor", "cache_layouts", "mfma_atom", "wave_split", "mfma_ownership", "softmax_butterfly",
            "load_segments", "lds_banks", "phase_timeline", "traffic_bars", "split_k", "roofline", "static_facts",
-           "trace_facts", "partition_sweep", "stage_predictions", "work_layouts", "schedule_predictions",
+           "trace_facts", "partition_sweep", "kernel_map", "stage_predictions", "work_layouts", "schedule_predictions",
            "m_tile_predictions", "upstream_margins"]
 
 #: Okabe & Ito's colour-blind-safe palette (black last: it is kept for text and markers)
@@ -487,6 +487,107 @@ def split_k(context_lengths: Sequence[int], num_partitions: int, tile_tokens: in
             fontsize=FONT, multialignment="left", bbox=dict(boxstyle="round", facecolor="white", edgecolor="0.4"))
     _style(ax, f"Split-K with num_partitions = {num_partitions}: which partition reads each tile",
            "token (tile boundaries every 256)", None)
+    fig.tight_layout()
+    return fig
+
+
+def kernel_map(*, head_dim: int, group: int, waves: int, wave_lanes: int, tile_tokens: int,
+               lds_regions: Mapping[str, int], lds_bytes: int, reduce_group: int, reduce_threads: int,
+               entries: int = 6, kv_rows: int = 3):
+    """The finished kernel on one screen: grid -> workgroup -> wave -> lane for the partial
+    kernel, its LDS, the partials it writes and the reduce that merges them.
+
+    Everything drawn is passed in from the compiled specialization the chapter describes:
+    ``lds_regions`` maps each LDS field of the kernel's struct to its bytes (drawn to scale) and
+    ``lds_bytes`` is what the compiled kernel reserves; ``waves`` x ``wave_lanes`` threads a
+    workgroup, each wave scoring ``tile_tokens / waves`` tokens of a tile and multiplying P by V
+    for ``head_dim / waves`` channels; a lane is ``16·grp + col`` (``col``: query row of the
+    16-row M-tile, ``grp``: a 16-token slice of the wave's tokens). ``entries`` x ``kv_rows``
+    cells of the grid are drawn (a sample: the real grid is the work list's length by KV heads)."""
+    plt = _plt()
+    from matplotlib.patches import FancyArrowPatch, Rectangle
+
+    fig, ax = plt.subplots(figsize=(WIDTH, 5.6))
+    ax.set_xlim(0, 100)
+    ax.set_ylim(0, 62)
+    ax.axis("off")
+    wc = OKABE_ITO[:waves] if waves <= 7 else [OKABE_ITO[w % 7] for w in range(waves)]
+
+    def box(x, y, w, h, color="white", text=None, fs=FONT, ec="0.3", lw=0.8, **kw):
+        ax.add_patch(Rectangle((x, y), w, h, facecolor=color, edgecolor=ec, lw=lw, **kw))
+        if text:
+            ax.text(x + w / 2, y + h / 2, text, ha="center", va="center", fontsize=fs)
+
+    def arrow(x0, y0, x1, y1, text=None):
+        ax.add_patch(FancyArrowPatch((x0, y0), (x1, y1), arrowstyle="-|>", mutation_scale=10, color="0.25", lw=1))
+        if text:
+            ax.text((x0 + x1) / 2, (y0 + y1) / 2 + 1.2, text, ha="center", va="bottom", fontsize=FONT - 1)
+
+    def title(x, y, text):
+        ax.text(x, y, text, ha="left", va="bottom", fontsize=FONT + 1, fontweight="bold")
+
+    # 1. the grid of the partial kernel
+    title(0, 57, "1 · grid (partial kernel)")
+    cw, ch = 4.0, 4.0
+    for i in range(entries):
+        for j in range(kv_rows):
+            hot = (i, j) == (2, 1)
+            box(1 + i * cw, 36 + j * ch, cw, ch, color=OKABE_ITO[4] if hot else "0.93", lw=0.6)
+    ax.text(1 + entries * cw / 2, 34.5, "x: work-list entry\n(sequence, tiles t0..t1)", ha="center", va="top",
+            fontsize=FONT - 1)
+    ax.text(2 + entries * cw, 36 + kv_rows * ch / 2, "y: KV head\n× M-group", ha="left", va="center",
+            fontsize=FONT - 1)
+    ax.text(1, 55, f"one workgroup per cell: its tiles, all its query rows\n(z: partition, when the split is "
+            f"uniform)\ndrawn: head_dim {head_dim}, group {group}", ha="left", va="top", fontsize=FONT - 1)
+    arrow(1 + 3 * cw, 36 + 1.5 * ch, 37, 47)
+
+    # 2. one workgroup: a tile's tokens split by wave for the scores, head_dim split by wave for P·V
+    title(37, 57, f"2 · workgroup: {waves} waves, loop over its {tile_tokens}-token tiles")
+    span = tile_tokens // waves
+    for w in range(waves):
+        box(37 + w * 9, 48, 9, 4, color=wc[w], text=f"w{w}: {w * span}-{(w + 1) * span - 1}", fs=FONT - 1)
+    ax.text(37, 52.6, "scores S = K·Qᵀ and row max: wave w takes tokens", ha="left", va="bottom", fontsize=FONT - 1)
+    ax.text(74, 50, "→ P (fp8)\n   to LDS", ha="left", va="center", fontsize=FONT - 1)
+    dq = head_dim // waves
+    for w in range(waves):
+        box(37 + w * 9, 39, 9, 4, color=wc[w], text=f"w{w}: d {w * dq}-{(w + 1) * dq - 1}", fs=FONT - 1)
+    ax.text(37, 43.6, f"O += P·V: wave w owns {dq} of {head_dim} channels, all tokens", ha="left", va="bottom",
+            fontsize=FONT - 1)
+    ax.text(74, 41, "← P of every\n   wave, LDS", ha="left", va="center", fontsize=FONT - 1)
+    ax.text(37, 36.5, "after the last tile: each row's max and sum merged across waves in LDS", ha="left",
+            va="top", fontsize=FONT - 1)
+    arrow(40, 39, 24, 29.5)
+
+    # 3. one wave: 64 lanes, lane = 16·grp + col
+    title(0, 27.5, f"3 · wave: {wave_lanes} lanes")
+    groups = wave_lanes // 16
+    for g in range(groups):
+        for c in range(16):
+            box(1 + c * 1.7, 20 - g * 2.2, 1.7, 2.2, color=LINE_COLORS[g % len(LINE_COLORS)], lw=0.3)
+        ax.text(29, 21.1 - g * 2.2, f"grp {g}", va="center", fontsize=FONT - 1)
+    ax.text(1, 23.2, "col 0 … 15 = query row of the M-tile", fontsize=FONT - 1, va="bottom")
+    ax.text(1, 20 - groups * 2.2 + 1.3, "lane = 16·grp + col; grp: its 16 of\nthe wave's tokens",
+            fontsize=FONT - 1, va="top")
+
+    # 4. the workgroup's LDS, to scale
+    title(37, 27.5, f"4 · LDS of one workgroup ({lds_bytes:,} B compiled)")
+    total = sum(lds_regions.values())
+    x = 37.0
+    for k, (name, nbytes) in enumerate(lds_regions.items()):
+        w = 36.0 * nbytes / total
+        box(x, 19, w, 5, color=OKABE_ITO[(k + 1) % 7], lw=0.6)
+        ax.text(x + w / 2, 18.3 - 2.6 * (k % 2), f"{name}\n{nbytes:,} B", ha="center", va="top",
+                fontsize=FONT - 1)
+        x += w
+
+    # 5. partials -> reduce -> out
+    title(37, 8.5, "5 · split: partials, then the reduce")
+    box(37, 2, 16, 5, color="0.93", text="workspace: per entry\nm, ℓ, o (float32)", fs=FONT - 1)
+    arrow(53.5, 4.5, 60, 4.5)
+    box(60, 2, 22, 5, color=OKABE_ITO[2], fs=FONT - 1,
+        text=f"reduce: {reduce_threads} threads, 4 channels\na lane, {reduce_group} partitions a load")
+    arrow(82.5, 4.5, 88, 4.5)
+    box(88, 2, 9, 5, color="white", text="out", fs=FONT)
     fig.tight_layout()
     return fig
 
