@@ -347,12 +347,19 @@ def exp_shift(m_new, log2_fp8_max):
     """What P's exponent subtracts, ``p = 2^(s·c - shift)``: ``m_new - log2 FP8_MAX`` (the largest
     P lands on FP8_MAX, the format's whole range spent on P) and a margin of ``|m_new|·2^-21``.
 
-    The row max is rounded once (max(s)·c), each exponent s·c - shift is fused into one fma;
-    they differ by up to an ulp of |m_new|, so at large scores (|m_new| ~ 1e4) the top P could
-    land past FP8_MAX, which the fp8 conversion turns into NaN. The margin, 4 such ulps, keeps it
-    at or under FP8_MAX (one fma per row and tile; P loses a factor 2^-(|m_new|·2^-21), common
-    to the row's P of the tile and cancelled by the normalization up to that factor's change
-    from tile to tile, a relative 2^-21·|Δm|)."""
+    Why a margin: the row max is rounded once (max(s)·c) and so is ``m_new - log2 FP8_MAX``,
+    while each exponent s·c - shift is one fma; without the margin the top P is FP8_MAX·2^δ,
+    δ up to half an ulp of |m_new| plus the error of rounding m_new - log2 FP8_MAX to that ulp.
+    The conversion (v_cvt_pk_fp8_f32, overflow judged after rounding to nearest even, as
+    pa_tile.emu.numerics models it) keeps anything below FP8_MAX + half its ulp (248 FNUZ, 464
+    OCP) finite, so the top P turns NaN only when 2^δ >= 31/30 (FNUZ; 29/28 OCP): from |m_new|
+    >= 2^19 (~5.2e5, an ulp of 2^-4) on FNUZ and 2^21 (~2.1e6) on OCP, not at ordinary scores
+    (|m_new| ~ 1e4 gives δ <= 0.0015). Such a row max needs extreme scores (fp8 Q·K at
+    head_dim 128 with unit scales reaches ~1e6); there the margin, |m_new|·2^-21 >= 2 ulps of
+    |m_new|, keeps the top P at or under FP8_MAX (tests/test_exp_shift_margin.py checks all three).
+    Its cost: one fma per row and tile, and P loses a factor 2^-(|m_new|·2^-21), common to the
+    row's P of the tile and cancelled by the normalization up to that factor's change from tile
+    to tile, a relative 2^-21·|Δm|."""
     return m_new - log2_fp8_max + fx.Float32(fx.absf(m_new)) * (2.0 ** -21)
 
 

@@ -14,7 +14,10 @@ Sources (short names used below):
 * [CDNA3-WP] AMD CDNA 3 architecture white paper: 8 XCDs of 38 active CUs, 4 MB L2 per XCD,
   256 MB AMD Infinity Cache (MALL), 64 KB LDS per CU, 4 SIMD16 units per CU.
 * [CDNA4-WP] AMD CDNA 4 architecture white paper: 8 XCDs of 32 active CUs, 4 MB L2 per XCD,
-  256 MB Infinity Cache, LDS grown to 160 KB per CU with doubled read bandwidth.
+  256 MB Infinity Cache, LDS grown to 160 KB per CU with doubled read bandwidth (256 bytes per
+  clock, also in Chips and Cheese, "AMD's CDNA 4 Architecture Announcement", 2025), and twice
+  CDNA3's rate for transcendental instructions (as issue 36 quotes the white paper; the stored
+  copies searched here held no text of that sentence to check it against).
 * [C&C-MI300X] Chips and Cheese, "Testing AMD's Giant MI300X" (2024): "Eight compute dies, each
   with 38 CDNA 3 compute units and 4 MB of L2, sit on top of a 256 MB Infinity Cache".
 * [CDNA3-ISA] AMD "CDNA 3 Instruction Set Architecture" reference guide: wave64 executes a VALU
@@ -35,6 +38,14 @@ Sources (short names used below):
   L2/XCD, 256 MB L3"; the CU count is also what the pr-825 host heuristics' own arithmetic
   implies, see scripts/validate_model.py). ASSUMED, not sourced: the same 2100 MHz peak clock
   and per-CU rates (MFMA, LDS, addresser) as MI300X, i.e. the same CDNA3 CU.
+* [CDNA4-ISA] AMD "CDNA 4 Instruction Set Architecture" reference guide, ch. 7 (matrix
+  instructions): ``v_mfma_f32_16x16x32_fp8_fp8`` is a 4-pass (16-cycle) instruction on gfx950 as
+  on gfx942; the doubled fp8 rate of CDNA4 belongs to the new ``v_mfma_f32_16x16x128_f8f6f4``
+  (32 cycles with an fp8 operand, for four times the K). The same figures in AMD's ROCm blog
+  "Matrix Core Programming on AMD CDNA3 and CDNA4 architecture" (Salykov, Luo, Huang, Sun, 2025),
+  whose cycle table lists FP8 16x16x32 at 16 cycles on both and FP8 16x16x128 at 32 (CDNA4 only).
+  [MFMA-CALC] ROCm/amd_matrix_instruction_calculator ``-a CDNA3 -i v_mfma_f32_16x16x32_fp8_fp8``:
+  16 execution cycles, 4096 FLOPs/CU/cycle (its stored copy has no CDNA4 table).
 * [SC25-MALL] Tee, Curtis, Wolfe, Wong, "The MALL is Open: Exploring Shared Caches and Latency
   in AMD CDNA 3 GPUs", SC'25 workshops (pointer-chasing latency of L2 / MALL / HBM on MI300X).
   Its ordering (L2 < MALL < HBM, hundreds of ns to HBM) frames the latency prior; the value used
@@ -62,17 +73,24 @@ class Hardware:
     hbm_bytes_per_s: float      # peak, data sheets
     infinity_cache_bytes: int   # [CDNA3-WP] / [CDNA4-WP]: 256 MB
     l2_bytes_per_xcd: int       # [CDNA3-WP] / [CDNA4-WP]: 4 MB
-    lds_bytes_per_clk: int      # [ROCPROF] 128 B/clk/CU (CDNA3); [CDNA4-WP] doubled read bandwidth -> 256
-    ta_bytes_per_clk: int       # [ROCPROF] vL1D: one 64-byte request per clock per CU
-    # -- derived ---------------------------------------------------------------------------------
-    #: cycles one v_mfma_f32_16x16x32_fp8_fp8 keeps the SIMD's matrix core busy:
-    #: 2*16*16*32 flops / (peak dense fp8 flops / (CUs * 4 SIMDs * clock)).
-    #: MI300X: 2614.9e12 / (304*4*2.1e9) = 1024 flop/clk/SIMD -> 16 cycles; MI355X: 2048 -> 8.
-    mfma_cycles: int
+    #: [ROCPROF] 128 B/clk/CU (CDNA3); [CDNA4-WP] doubles the READ bandwidth -> 256. The model charges
+    #: every ds_ instruction at this rate: gfx950's writes at 256 B/clk are ASSUMED (no source gives them)
+    lds_bytes_per_clk: int
+    #: [ROCPROF] the vL1D addresser takes one 64-byte *request* per clock per CU (a request size, not
+    #: the cache line: vL1D and L2 lines are 128 bytes on both targets, [CDNA3-WP]/[CDNA4-WP])
+    ta_bytes_per_clk: int
     # -- architectural (ISA guide) --------------------------------------------------------------
+    #: cycles one v_mfma_f32_16x16x32_fp8_fp8 (the only MFMA pa_tile's kernels issue) keeps the
+    #: SIMD's matrix core busy: 4 passes = 16 cycles on gfx942 ([CDNA3-ISA], [MFMA-CALC]) and on
+    #: gfx950 ([CDNA4-ISA]). Not derived from the data sheets' peak fp8 rate: MI300X's
+    #: 2614.9e12 / (304*4*2.1e9) = 1024 flop/clk/SIMD is this instruction's rate, but MI355X's
+    #: ~2048 belongs to v_mfma_f32_16x16x128_f8f6f4, which these kernels do not use.
+    mfma_cycles: int
+    #: cycles a wave64 transcendental (v_exp/v_log/v_rcp/v_sqrt/v_rsq) keeps the VALU busy:
+    #: quarter rate on CDNA3, 16 ([CDNA3-ISA]); twice that rate on CDNA4, 8 ([CDNA4-WP])
+    trans_cycles: int
     simds_per_cu: int = 4                 # [CDNA3-WP]
     valu_cycles: int = 4                  # [CDNA3-ISA] wave64 over a 16-lane SIMD
-    trans_cycles: int = 16                # [CDNA3-ISA] quarter-rate transcendentals
     issue_interval: int = 4               # [ROCPROF] one instruction per wave per 4-cycle SIMD visit
     # -- FITTED (see FITTED, PRIORS and pa_tile/data/model_validation.md) -------------------------
     hbm_efficiency: float = 0.50          # FITTED: achievable / peak HBM bandwidth for these kernels' reads
@@ -136,18 +154,18 @@ HARDWARE: Dict[str, Hardware] = {
     "mi300x": Hardware(
         name="MI300X", arch="gfx942", compute_units=304, xcds=8, clock_hz=2.1e9, hbm_bytes_per_s=5.3e12,
         infinity_cache_bytes=256 << 20, l2_bytes_per_xcd=4 << 20, lds_bytes_per_clk=128, ta_bytes_per_clk=64,
-        mfma_cycles=16,
+        mfma_cycles=16, trans_cycles=16,
     ),
     # the pr-825 timings' device (see [FLYDSL-MI308X]); per-CU figures ASSUMED equal to MI300X's
     "mi308x": Hardware(
         name="MI308X", arch="gfx942", compute_units=80, xcds=4, clock_hz=2.1e9, hbm_bytes_per_s=5.3e12,
         infinity_cache_bytes=256 << 20, l2_bytes_per_xcd=4 << 20, lds_bytes_per_clk=128, ta_bytes_per_clk=64,
-        mfma_cycles=16,
+        mfma_cycles=16, trans_cycles=16,
     ),
     "mi355x": Hardware(
         name="MI355X", arch="gfx950", compute_units=256, xcds=8, clock_hz=2.4e9, hbm_bytes_per_s=8.0e12,
         infinity_cache_bytes=256 << 20, l2_bytes_per_xcd=4 << 20, lds_bytes_per_clk=256, ta_bytes_per_clk=64,
-        mfma_cycles=8,
+        mfma_cycles=16, trans_cycles=8,
     ),
 }
 
