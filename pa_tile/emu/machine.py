@@ -22,6 +22,7 @@ import numpy as np
 
 from . import ops_ds, ops_mfma, ops_salu, ops_scratch, ops_valu, ops_vmem  # noqa: F401  (register semantics)
 from . import ops_atomic, ops_lds_ext, ops_valu16  # noqa: F401  (after the modules whose builders they extend)
+from . import ops_fast
 from .memory import LDS
 from .ops_ds import LdsRaceChecker
 from .asm import SGPR_EXEC, SGPR_M0, SGPR_VCC, Kernel, Program
@@ -57,7 +58,7 @@ class Wave:
     """Architectural state of one wavefront."""
 
     __slots__ = ("v", "s", "scc", "em", "eall", "pc", "lds", "races", "mem", "wg_id", "wave_id", "uid", "trace",
-                 "arch", "done", "scratch")
+                 "arch", "done", "scratch", "cptr")
 
     def __init__(self, arch: str = "gfx942"):
         self.v = np.zeros((512, LANES), np.uint32)
@@ -76,6 +77,7 @@ class Wave:
         self.arch = arch
         self.done = False
         self.scratch = None  # ops_scratch.PrivateSegment when the kernel has a private segment
+        self.cptr = None  # the fast engine's raw register-file pointers (fastpath.pointers)
         self.exec = (1 << LANES) - 1  # a fresh wave has all lanes on
 
     def sync_exec(self) -> None:
@@ -117,6 +119,31 @@ class Wave:
         return f"workgroup {self.wg_id} wave {self.wave_id}"
 
 
+# --------------------------------------------------------------------------- engines
+
+#: ``fast`` (default): the reference handlers, with the hottest instructions' common forms
+#: replaced by ``ops_fast`` ones that compute the same bits faster; ``reference``: the numpy
+#: semantics alone (what the fast ones are tested against).
+ENGINES = ("fast", "reference")
+ENGINE_ENV = "PA_TILE_EMU_ENGINE"
+
+
+def default_engine() -> str:
+    """The engine launches use when none is named: ``$PA_TILE_EMU_ENGINE`` (read at each
+    launch, so it can be switched inside one process), else ``fast``."""
+    import os
+
+    return check_engine(os.environ.get(ENGINE_ENV) or "fast")
+
+
+def check_engine(engine: Optional[str]) -> str:
+    if engine is None:
+        return default_engine()
+    if engine not in ENGINES:
+        raise ValueError(f"emulator engine must be one of {ENGINES}, got {engine!r} (${ENGINE_ENV})")
+    return engine
+
+
 # --------------------------------------------------------------------------- decoding
 
 def _kernel_range(program: Program, kernel: Kernel) -> Tuple[int, int]:
@@ -125,18 +152,22 @@ def _kernel_range(program: Program, kernel: Kernel) -> Tuple[int, int]:
     return kernel.entry, (nxt[0] if nxt else len(program.instructions))
 
 
-def decode_kernel(program: Program, kernel_name: Optional[str] = None, arch: Optional[str] = None) -> List:
-    """Handlers for every instruction of a kernel (cached on the program per kernel and arch).
+def decode_kernel(program: Program, kernel_name: Optional[str] = None, arch: Optional[str] = None,
+                  engine: Optional[str] = None) -> List:
+    """Handlers for every instruction of a kernel (cached on the program per kernel, arch and
+    engine; *engine* defaults to :func:`default_engine`).
 
     The list is indexed like ``program.instructions``; entries outside the kernel are ``None``.
     Raises :class:`UnsupportedInstruction` for the first instruction without semantics.
     """
     kernel = program.kernel(kernel_name)
     arch = arch or program.arch or "gfx942"
+    engine = check_engine(engine)
     cache = program.__dict__.setdefault("_decoded", {})
-    key = (kernel.name, arch)
+    key = (kernel.name, arch, engine)
     if key in cache:
         return cache[key]
+    fast = ops_fast.FAST if engine == "fast" and ops_fast.available() else {}
     lo, hi = _kernel_range(program, kernel)
     code: List = [None] * len(program.instructions)
     for i in range(lo, hi):
@@ -153,6 +184,8 @@ def decode_kernel(program: Program, kernel_name: Optional[str] = None, arch: Opt
             )
         try:
             code[i] = builder(ctx)
+            if ctx.base in fast:
+                code[i] = fast[ctx.base](ctx, code[i])
         except UnsupportedInstruction:
             raise
         except Exception as e:  # a builder tripping over an operand form it did not expect
@@ -314,13 +347,14 @@ def _run_workgroup(waves: List[Wave], code: List, mnemonics, races, quantum: Opt
                 races.barrier()
 
 
-def run_wave(program: Program, wave: Wave, kernel_name: Optional[str] = None, arch: Optional[str] = None) -> Wave:
+def run_wave(program: Program, wave: Wave, kernel_name: Optional[str] = None, arch: Optional[str] = None,
+             engine: Optional[str] = None) -> Wave:
     """Run one prepared wave from its kernel's entry to ``s_endpgm`` (a lone wave passes every
     ``s_barrier``). The caller sets up registers, EXEC (``wave.exec = ...``) and, if the code
     touches memory, ``wave.mem`` / ``wave.lds`` (and ``wave.scratch``, an
     ``ops_scratch.PrivateSegment``, for scratch). For unit tests and demonstrations."""
     kernel = program.kernel(kernel_name)
-    code = decode_kernel(program, kernel.name, arch or wave.arch)
+    code = decode_kernel(program, kernel.name, arch or wave.arch, engine)
     wave.pc = kernel.entry
     with np.errstate(all="ignore"):
         while _run_wave(wave, code, None) != END:
@@ -373,6 +407,7 @@ def run_kernel(
     lds_races: str = "raise",
     quantum: Optional[int] = None,
     lds_oob: str = "raise",
+    engine: Optional[str] = None,
 ) -> None:
     """Execute *kernel_name* of *program* over *grid* x *block* against *memory*.
 
@@ -393,12 +428,14 @@ def run_kernel(
     ``'hardware'`` follows the hardware instead (reads 0, drops writes, within the allocation
     rounded up to the arch's granule: ``memory.LDS``), to see what a kernel that over-reads LDS
     computes on a GPU once the fault is known.
+    ``engine``: ``'fast'`` or ``'reference'`` (see :data:`ENGINES`); ``None`` reads
+    ``$PA_TILE_EMU_ENGINE`` (default ``'fast'``). Both give the same bits, traces and findings.
     ``progress=True`` shows a tqdm bar over the workgroups on stderr; ``None`` (the default) shows
     one on launches longer than 3 s when ``pa_tile.progress`` says a person is watching;
     ``False`` never.
     """
     kernel = program.kernel(kernel_name)
-    code = decode_kernel(program, kernel.name, arch)
+    code = decode_kernel(program, kernel.name, arch, engine)
     grid3, block3 = _dims(grid, "grid"), _dims(block, "block")
     threads = block3[0] * block3[1] * block3[2]
     if threads > 1024:

@@ -1,0 +1,233 @@
+// pa_tile emulator fast paths: the hottest instructions of pa_tile's kernels, run on a wave's
+// register file in place (pa_tile.emu.fastpath loads this library; pa_tile.emu.ops_fast decodes
+// instructions into calls of it).
+//
+// Every function here computes, bit for bit, what the numpy semantics in pa_tile.emu.numerics
+// compute (the reference the tests hold them to): the same IEEE double/float operations in the
+// same order, never an approximation. Built with -ffp-contract=off so the compiler fuses no
+// multiply-add, and without -ffast-math.
+//
+// Register file layout (pa_tile.emu.machine.Wave): v is uint32[512][64] (row = register, column =
+// lane), s is uint32[128]; EXEC is s[126] (lanes 0-31) and s[127] (lanes 32-63).
+//
+// A source operand is one int64 (pa_tile.emu.ops_fast.src_code): bits 0-1 kind (0 VGPR row, 1 SGPR,
+// 2 constant), bit 2 abs, bit 3 neg, bits 8-23 row/SGPR index, bits 32-63 the constant's bits.
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#define EXPORT __attribute__((visibility("default")))
+#define LANES 64
+#define SGPR_EXEC 126
+
+// Bumped whenever a signature below changes; Python refuses a mismatch.
+EXPORT int pa_fast_abi_version(void) { return 1; }
+
+typedef union { uint32_t u; float f; } f32u;
+typedef union { uint64_t u; double d; } f64u;
+
+static inline float asf(uint32_t u) { f32u x; x.u = u; return x.f; }
+static inline uint32_t asu(float f) { f32u x; x.f = f; return x.u; }
+static inline int is_nan_bits(uint32_t b) { return (b & 0x7FFFFFFFu) > 0x7F800000u; }
+static inline int is_snan_bits(uint32_t b) { return is_nan_bits(b) && !(b & 0x00400000u); }
+static inline uint32_t quiet(uint32_t b) { return b | 0x00400000u; }
+
+static inline uint64_t exec_mask(const uint32_t *s) {
+    return (uint64_t)s[SGPR_EXEC] | ((uint64_t)s[SGPR_EXEC + 1] << 32);
+}
+
+// The 64 lanes of one 32-bit source, modifiers applied (abs clears the sign, then neg flips it,
+// as ops_base.DecodeCtx.vread does on the raw bits).
+static void read_src(const uint32_t *v, const uint32_t *s, int64_t code, uint32_t *out) {
+    int kind = (int)(code & 3), idx = (int)((code >> 8) & 0xFFFF);
+    uint32_t andm = (code & 4) ? 0x7FFFFFFFu : 0xFFFFFFFFu, xorm = (code & 8) ? 0x80000000u : 0;
+    if (kind == 0) {
+        const uint32_t *row = v + (size_t)idx * LANES;
+        for (int l = 0; l < LANES; l++) out[l] = (row[l] & andm) ^ xorm;
+    } else {
+        uint32_t x = kind == 1 ? s[idx] : (uint32_t)((uint64_t)code >> 32);
+        x = (x & andm) ^ xorm;
+        for (int l = 0; l < LANES; l++) out[l] = x;
+    }
+}
+
+static void write_rows(uint32_t *v, const uint32_t *s, int dst, const uint32_t *val) {
+    uint64_t em = exec_mask(s);
+    uint32_t *row = v + (size_t)dst * LANES;
+    for (int l = 0; l < LANES; l++)
+        if ((em >> l) & 1) row[l] = val[l];
+}
+
+// ---------------------------------------------------------------- round to odd (numerics._add_round_to_odd)
+
+static inline double add_round_to_odd(double p, double c) {
+    double s = p + c;
+    double bp = s - p;
+    double err = (p - (s - bp)) + (c - bp);
+    f64u su; su.d = s;
+    if (isfinite(s) && err != 0 && (su.u & 1) == 0) s = nextafter(s, err > 0 ? INFINITY : -INFINITY);
+    return s;
+}
+
+// ---------------------------------------------------------------- f32 min/max (numerics._minmax, ieee=True)
+
+static inline uint32_t minmax(uint32_t a, uint32_t b, int want_max) {
+    double af = (double)asf(a), bf = (double)asf(b);
+    int pick_a = want_max ? (af >= bf) : (af < bf);
+    uint32_t r = pick_a ? a : b;
+    if (af == 0 && bf == 0) {
+        int neg_a = a >> 31;
+        r = want_max ? (neg_a ? b : a) : (neg_a ? a : b);
+    }
+    if (is_nan_bits(b)) r = a;
+    if (is_nan_bits(a)) r = b;
+    if (is_snan_bits(b)) r = quiet(b);
+    if (is_snan_bits(a)) r = quiet(a);
+    return r;
+}
+
+// ---------------------------------------------------------------- f32 fma (numerics.fma_f32)
+
+static inline uint32_t fma_bits(uint32_t a, uint32_t b, uint32_t c) {
+    double p = (double)asf(a) * (double)asf(b);   // exact: 24 x 24 significant bits
+    uint32_t r = asu((float)add_round_to_odd(p, (double)asf(c)));
+    if (is_nan_bits(r)) r = 0xFFC00000u;           // inf*0, inf-inf: the VALU default NaN
+    if (is_nan_bits(c)) r = quiet(c);              // an input NaN comes back quieted: S0 first,
+    if (is_nan_bits(b)) r = quiet(b);              // then S1, then S2
+    if (is_nan_bits(a)) r = quiet(a);
+    return r;
+}
+
+enum { OP_MAX = 0, OP_MIN = 1, OP_MAX3 = 2, OP_MIN3 = 3, OP_FMA = 4 };
+
+// D = op(S0, S1[, S2]) on the lanes on in EXEC.
+EXPORT int pa_valu_f32(int op, uint32_t *v, const uint32_t *s, int dst, int64_t c0, int64_t c1, int64_t c2) {
+    uint32_t a[LANES], b[LANES], c[LANES], r[LANES];
+    read_src(v, s, c0, a);
+    read_src(v, s, c1, b);
+    if (op >= OP_MAX3) read_src(v, s, c2, c);
+    for (int l = 0; l < LANES; l++) {
+        switch (op) {
+        case OP_MAX: r[l] = minmax(a[l], b[l], 1); break;
+        case OP_MIN: r[l] = minmax(a[l], b[l], 0); break;
+        case OP_MAX3: r[l] = minmax(minmax(a[l], b[l], 1), c[l], 1); break;
+        case OP_MIN3: r[l] = minmax(minmax(a[l], b[l], 0), c[l], 0); break;
+        case OP_FMA: r[l] = fma_bits(a[l], b[l], c[l]); break;
+        default: return -1;
+        }
+    }
+    write_rows(v, s, dst, r);
+    return 0;
+}
+
+// v_pk_fma_f32: dst pair = fma of the selected dwords. A pair source code names its low dword
+// (VGPR row / SGPR); a constant supplies the same dword to both halves. sel: bit i = op_sel[i],
+// bit 4+i = op_sel_hi[i], bit 8+i = neg_lo[i], bit 12+i = neg_hi[i].
+EXPORT int pa_pk_fma_f32(uint32_t *v, const uint32_t *s, int dst, int64_t c0, int64_t c1, int64_t c2, int sel) {
+    int64_t codes[3] = {c0, c1, c2};
+    uint32_t src[3][2][LANES], lo[LANES], hi[LANES];
+    for (int i = 0; i < 3; i++) {
+        int64_t code = codes[i] & ~(int64_t)0xC;   // pair sources carry no abs/neg of their own
+        read_src(v, s, code, src[i][0]);
+        if ((code & 3) == 2) memcpy(src[i][1], src[i][0], sizeof src[i][0]);
+        else read_src(v, s, code + (1 << 8), src[i][1]);
+    }
+    for (int l = 0; l < LANES; l++) {
+        uint32_t x[3], y[3];
+        for (int i = 0; i < 3; i++) {
+            x[i] = src[i][(sel >> i) & 1][l] ^ (((sel >> (8 + i)) & 1) ? 0x80000000u : 0);
+            y[i] = src[i][(sel >> (4 + i)) & 1][l] ^ (((sel >> (12 + i)) & 1) ? 0x80000000u : 0);
+        }
+        lo[l] = fma_bits(x[0], x[1], x[2]);
+        hi[l] = fma_bits(y[0], y[1], y[2]);
+    }
+    write_rows(v, s, dst, lo);
+    write_rows(v, s, dst + 1, hi);
+    return 0;
+}
+
+// ---------------------------------------------------------------- f32 -> fp8/bf8 (numerics._encode)
+
+// fmt: mbits | emin << 4 (signed, biased by 64) | max_mag << 12 | fnuz << 20 | has_inf << 21
+//      | saturate << 22
+static uint32_t encode8(uint32_t bits, int fmt) {
+    int mbits = fmt & 0xF, emin = ((fmt >> 4) & 0xFF) - 64, max_mag = (fmt >> 12) & 0xFF;
+    int fnuz = (fmt >> 20) & 1, has_inf = (fmt >> 21) & 1, saturate = (fmt >> 22) & 1;
+    uint32_t sign = bits >> 31, mag_bits = bits & 0x7FFFFFFFu;
+    int is_nan = mag_bits > 0x7F800000u, is_inf = mag_bits == 0x7F800000u;
+    double a = (is_nan || is_inf) ? 0.0 : fabs((double)asf(bits));
+    int ex;
+    frexp(a, &ex);
+    int64_t e_eff = a > 0 ? (ex - 1 > emin ? ex - 1 : emin) : emin;
+    int64_t n = (int64_t)rint(ldexp(a, -(int)(e_eff - mbits)));
+    int64_t code_mag = ((e_eff - emin) << mbits) + n;
+    int over = code_mag > max_mag;
+    uint32_t mag8 = (uint32_t)(code_mag < max_mag ? code_mag : max_mag) & 0xFF;
+    uint32_t out = ((sign << 7) | mag8) & 0xFF;
+    if (fnuz && mag8 == 0) out = 0;
+    if (over || is_inf) {
+        if (saturate) out = ((sign << 7) | (uint32_t)max_mag) & 0xFF;
+        else if (fnuz) out = 0x80;
+        else out = ((sign << 7) | (has_inf ? 0x7Cu : 0x7Fu)) & 0xFF;
+    }
+    if (is_nan) out = fnuz ? 0x80 : (((sign << 7) | 0x7Fu) & 0xFF);
+    return out;
+}
+
+// v_cvt_pk_{fp8,bf8}_f32: two sources -> two bytes, in the low word or (word_hi) the high one.
+EXPORT int pa_cvt_pk_8(uint32_t *v, const uint32_t *s, int dst, int64_t c0, int64_t c1, int word_hi, int fmt) {
+    uint32_t a[LANES], b[LANES], r[LANES];
+    const uint32_t *old = v + (size_t)dst * LANES;
+    read_src(v, s, c0, a);
+    read_src(v, s, c1, b);
+    for (int l = 0; l < LANES; l++) {
+        uint32_t pair = encode8(a[l], fmt) | (encode8(b[l], fmt) << 8);
+        r[l] = word_hi ? ((old[l] & 0x0000FFFFu) | (pair << 16)) : ((old[l] & 0xFFFF0000u) | pair);
+    }
+    write_rows(v, s, dst, r);
+    return 0;
+}
+
+// ---------------------------------------------------------------- fp8 x fp8 MFMA (numerics.mfma)
+
+// D = A x B + C for one wave, both operands e4m3 (decode table: 256 f32 bit patterns). Every
+// product is exact and every partial sum of one output is a multiple of 2^-20 below 2^23, so the
+// double sum is exact in any order (the numpy reference's matmul order does not matter); C is
+// added with round-to-odd and the result rounded once to f32. EXEC is ignored (all lanes).
+// Layouts: CDNA3/CDNA4 §7.1.4 as numerics._layout builds them.
+EXPORT int pa_mfma_fp8(uint32_t *v, int M, int N, int K, int rd, int ra, int rb, int rc, uint32_t cconst,
+                       const uint32_t *table, int fp16_ovfl) {
+    if (M * N > 1024 || M * K > 1024 || K * N > 1024 || (M != 16 && M != 32) || N != M) return -1;
+    double A[1024], B[1024];
+    uint32_t out[16 * LANES];
+    int kl = K * M / 64;                 // items per lane (one byte each)
+    int c_regs = M * N / 64, m_i = 64 / N;
+    const uint8_t *va = (const uint8_t *)(v + (size_t)ra * LANES);
+    const uint8_t *vb = (const uint8_t *)(v + (size_t)rb * LANES);
+    for (int lane = 0; lane < LANES; lane++) {
+        for (int t = 0; t < kl; t++) {
+            // item t of a lane: register t/4, byte t%4 (little-endian)
+            size_t off = ((size_t)(t / 4) * LANES + lane) * 4 + (t % 4);
+            int ai = lane % M, ak = (lane / M) * kl + t;
+            int bj = lane % N, bk = (lane / N) * kl + t;
+            A[ai * K + ak] = (double)asf(table[va[off]]);
+            B[bk * N + bj] = (double)asf(table[vb[off]]);
+        }
+    }
+    for (int i = 0; i < M; i++) {
+        int reg = i % 4 + 4 * (i / (4 * m_i));
+        for (int j = 0; j < N; j++) {
+            int lane = j + N * ((i / 4) % m_i);
+            double acc = 0.0;
+            for (int k = 0; k < K; k++) acc += A[i * K + k] * B[k * N + j];
+            uint32_t cb = rc >= 0 ? v[(size_t)(rc + reg) * LANES + lane] : cconst;
+            double d64 = add_round_to_odd(acc, (double)asf(cb));
+            float d32 = (float)d64;
+            if (fp16_ovfl && isfinite(d64) && isinf(d32)) d32 = d64 < 0 ? -3.4028234663852886e38f : 3.4028234663852886e38f;
+            out[reg * LANES + lane] = isnan(d32) ? 0x7FC00000u : asu(d32);
+        }
+    }
+    memcpy(v + (size_t)rd * LANES, out, sizeof(uint32_t) * (size_t)c_regs * LANES);
+    return 0;
+}
