@@ -18,7 +18,7 @@ import numpy as np
 __all__ = ["OKABE_ITO", "decode_floor", "cache_layouts", "mfma_atom", "wave_split", "mfma_ownership", "softmax_butterfly",
            "load_segments", "lds_banks", "phase_timeline", "traffic_bars", "split_k", "roofline", "static_facts",
            "trace_facts", "partition_sweep", "kernel_map", "stage_predictions", "work_layouts", "schedule_predictions",
-           "m_tile_predictions", "upstream_margins"]
+           "m_tile_predictions", "upstream_margins", "wave_dataflow"]
 
 #: Okabe & Ito's colour-blind-safe palette (black last: it is kept for text and markers)
 OKABE_ITO = ("#E69F00", "#56B4E9", "#009E73", "#F0E442", "#0072B2", "#D55E00", "#CC79A7", "#000000")
@@ -89,32 +89,43 @@ def decode_floor(contexts: Sequence[int], floors: Mapping[tuple, Sequence[float]
     return fig
 
 
-def cache_layouts(chunks: Mapping[str, np.ndarray]):
+def cache_layouts(chunks: Mapping[str, np.ndarray], chunk_bytes: int = 16, line_bytes: int = 128):
     """Where each (token, channel) byte of one page sits in memory, for each cache layout.
 
-    ``chunks[name]`` is ``[tokens, channels]`` of 16-byte chunk indices in memory order. The
-    number is the chunk, the colour its 64-byte segment (chunk // 4, mod 8): a load whose lanes
-    read one colour band is one memory transaction per segment."""
+    ``chunks[name]`` is ``[tokens, channels]`` of ``chunk_bytes`` chunk indices in memory order.
+    Each chunk is outlined and numbered at its centre (the number: its place in memory), its
+    colour is the ``line_bytes`` cache line holding it (both targets fetch 128-byte lines: CDNA3
+    and CDNA4 white papers): a load whose lanes read one colour band fetches whole lines."""
+    from matplotlib.patches import Rectangle
+
     plt = _plt()
-    seg_colors = OKABE_ITO[:7] + ("#999999",)
-    fig, axes = plt.subplots(2, 2, figsize=(WIDTH, 7.6), sharey=True)
+    per_line = line_bytes // chunk_bytes
+    line_colors = OKABE_ITO[:7] + ("#999999",)
+    rows = max(ch.shape[0] for ch in chunks.values())
+    fig, axes = plt.subplots(2, 2, figsize=(WIDTH, 9.0))
+    # a label must fit the chunk it names: the font follows the height of one token row
+    row_points = 72 * 3.6 / rows
     for ax, (name, ch) in zip(axes.flat, chunks.items()):
-        ax.imshow((ch // 4) % 8, cmap=_cmap(seg_colors), vmin=-0.5, vmax=7.5, alpha=0.45, aspect="auto",
-                  interpolation="nearest")
+        ax.imshow((ch // per_line) % 8, cmap=_cmap(line_colors), vmin=-0.5, vmax=7.5, alpha=0.45,
+                  aspect="auto", interpolation="nearest")
         for c in range(int(ch.max()) + 1):
             where = np.argwhere(ch == c)
-            t, d = where.mean(axis=0)
-            tall = np.ptp(where[:, 0]) > np.ptp(where[:, 1])  # a chunk down a column: write along it
-            if not tall:  # one-row chunks: stagger neighbouring rows so their labels do not touch
-                d += (np.ptp(where[:, 1]) + 1) / 4 * (1 if int(t) % 2 else -1)
-            ax.text(d, t, str(c), ha="center", va="center", fontsize=FONT, rotation=90 if tall else 0)
+            (t0, d0), (t1, d1) = where.min(axis=0), where.max(axis=0)
+            ax.add_patch(Rectangle((d0 - 0.5, t0 - 0.5), d1 - d0 + 1, t1 - t0 + 1, fill=False,
+                                   edgecolor="0.25", lw=0.6))
+            tall = t1 - t0 > d1 - d0  # a chunk down a column: write along it
+            size = min(FONT, 0.8 * row_points) if not tall else FONT - 1
+            ax.text((d0 + d1) / 2, (t0 + t1) / 2, str(c), ha="center", va="center", fontsize=size,
+                    rotation=90 if tall else 0)
         _style(ax, name, "channel d", "token t in page")
     for ax in axes.flat[len(chunks):]:
         ax.set_visible(False)
-    fig.legend(handles=_patches([f"segment {i} (mod 8)" for i in range(8)], seg_colors, alpha=0.45),
-               loc="lower center", ncol=4, fontsize=FONT, title="colour: 64-byte segment holding the 16-byte chunk "
-               "(number: chunk in memory order)", title_fontsize=FONT)
-    fig.tight_layout(rect=(0, 0.09, 1, 1))
+    n_lines = min(8, -(-max(int(ch.max()) + 1 for ch in chunks.values()) // per_line))
+    fig.legend(handles=_patches([f"line {i}" for i in range(n_lines)], line_colors, alpha=0.45),
+               loc="lower center", ncol=min(n_lines, 8), fontsize=FONT,
+               title=f"colour: the {line_bytes}-byte cache line holding the {chunk_bytes}-byte chunk "
+               "(outlined; number: chunk in memory order)", title_fontsize=FONT)
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
     return fig
 
 
@@ -191,6 +202,65 @@ def mfma_ownership(chunk: int = 0, d_chunk: int = 0):
     fig.legend(handles=_patches([f"g={g}: lanes {16 * g}..{16 * g + 15}" for g in range(4)], colors, 0.55),
                loc="lower center", ncol=4, fontsize=FONT)
     fig.tight_layout(rect=(0, 0.08, 1, 0.97))
+    return fig
+
+
+def wave_dataflow(lane: int = 21):
+    """One wave's dataflow in chapter 2's turned-around tile, drawn for every lane at once.
+
+    Lane ``l`` is ``(c, g) = (l % 16, l // 16)``. Colour = the lane group ``g`` holding each
+    element; ``lane``'s own elements are outlined in black. The arithmetic is the chapter's:
+    K (64 wave-tokens x 128 channels): lane ``(c, g)`` loads token ``16·(c // 4) + 4a + c % 4``
+    (a = 0..3), channels ``16g..16g+15`` and ``16g+64..16g+79``, so element ``(t, d)`` belongs
+    to lane ``4·(t // 16) + t % 4 + 16·((d % 64) // 16)``; it is the A operand of K·Qᵀ.
+    Scores and P (64 tokens x 16 heads): column = head ``c``, tokens ``16g..16g+15``; the same
+    registers are the B operand of V·P. V (128 channels x 64 tokens), the A operand of V·P:
+    lane ``(c, g)`` holds channels ``16j + c``, tokens ``16g..16g+15``. O (128 channels x 16
+    heads): column ``c``, channels ``16j + 4g .. +3``."""
+    from matplotlib.patches import Rectangle
+
+    plt = _plt()
+    c0, g0 = lane % 16, lane // 16
+    t = np.arange(64)
+    d = np.arange(128)
+    h = np.arange(16)
+    k_lane = (4 * (t[:, None] // 16) + t[:, None] % 4) + 16 * ((d[None, :] % 64) // 16)
+    s_lane = h[None, :] + 16 * (t[:, None] // 16)
+    v_lane = (d[:, None] % 16) + 16 * (t[None, :] // 16)
+    o_lane = h[None, :] + 16 * ((d[:, None] % 16) // 4)
+    colors = OKABE_ITO[:4]
+    fig = plt.figure(figsize=(WIDTH, 7.4))
+    gs = fig.add_gridspec(2, 3, width_ratios=[2.0, 1.0, 1.0], hspace=0.45, wspace=0.35)
+    panels = (
+        (fig.add_subplot(gs[0, 0]), k_lane, "1. K bytes each lane loads (A of K·Qᵀ)", "channel", "wave-token"),
+        (fig.add_subplot(gs[0, 1]), s_lane, "2. scores K·Qᵀ: a column per head", "query head", "wave-token"),
+        (fig.add_subplot(gs[0, 2]), s_lane, "3. P = B of V·P (same registers)", "query head", "wave-token"),
+        (fig.add_subplot(gs[1, 0]), v_lane.T, "4. V bytes each lane loads (A of V·P)", "channel",
+         "wave-token"),
+        (fig.add_subplot(gs[1, 1]), o_lane, "5. output V·P: a column per head", "query head", "channel"),
+    )
+    for ax, grid, title, xl, yl in panels:
+        ax.imshow(grid // 16, cmap=_cmap(colors), vmin=-0.5, vmax=3.5, alpha=0.55, aspect="auto",
+                  interpolation="nearest")
+        for i, j in np.argwhere(grid == lane):  # the chosen lane's elements, outlined one by one
+            ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, facecolor="black", alpha=0.55, lw=0))
+        _style(ax, title, xl, yl)
+    note = fig.add_subplot(gs[1, 2])
+    note.axis("off")
+    note.set_title("what lane %d (c=%d, g=%d) holds" % (lane, c0, g0), fontsize=FONT + 1)
+    toks = [16 * (c0 // 4) + 4 * a + c0 % 4 for a in range(4)]
+    lines = [f"K: tokens {toks[0]}, {toks[1]}, {toks[2]}, {toks[3]}",
+             f"   channels {16 * g0}-{16 * g0 + 15}, {16 * g0 + 64}-{16 * g0 + 79}",
+             f"scores and P: head {c0},", f"   tokens {16 * g0}-{16 * g0 + 15}",
+             f"V: channels {c0}, {16 + c0}, ... {112 + c0},", f"   tokens {16 * g0}-{16 * g0 + 15}",
+             f"O: head {c0},", f"   channels 16j+{4 * g0} .. +{4 * g0 + 3}",
+             "", "P never leaves the lane:", "its scores are the", "B operand of V·P"]
+    note.text(0.0, 1.0, "\n".join(lines), va="top", ha="left", fontsize=FONT, family="monospace",
+              transform=note.transAxes)
+    handles = _patches([f"g={g}: lanes {16 * g}..{16 * g + 15}" for g in range(4)], colors, 0.55)
+    handles += _patches([f"lane {lane}"], ["black"], 0.55)
+    fig.legend(handles=handles, loc="lower center", ncol=5, fontsize=FONT)
+    fig.subplots_adjust(left=0.07, right=0.98, top=0.95, bottom=0.11)
     return fig
 
 
