@@ -7,6 +7,8 @@
 #                backend present (ROCm GPU if there is one, otherwise the CPU emulator); outputs are written into
 #                notebooks/*.ipynb, normalized so that an unchanged chapter leaves git clean
 #   lab [ARGS]   open the notebooks in JupyterLab (the .py chapters open as notebooks)
+#   book         build the walkthrough as a static site from the committed notebooks (nothing is
+#                executed) into book/_build/html; open book/_build/html/index.html, no network needed
 #   test [ARGS]  the whole test suite: export check, unit tests, emulator tests, nbval over the
 #                notebooks (plus the `rocm`-marked tests on a ROCm machine); ARGS go to pytest
 #   help         this text
@@ -75,6 +77,16 @@ case "${1:-}" in
     # cells) stay together on one worker
     "$PY" -m pytest tests --nbval notebooks/ --nbval-sanitize-with notebooks/nbval_sanitize.cfg -p no:cacheprovider \
       -n "${PA_TILE_TEST_WORKERS:-2}" --dist loadfile "${@:2}" ;;
+  book)
+    setup
+    # the book's tools are an extra of their own, installed the first time (and after pyproject.toml
+    # or setup.sh change) like setup's
+    if [ "$(cat "$VENV/.pa_tile-book" 2>/dev/null)" != "$(setup_key)" ]; then
+      echo "[book] installing the book extra: pip install -e .[book]"
+      "$PY" -m pip install -q -e ".[book]"
+      setup_key > "$VENV/.pa_tile-book"
+    fi
+    "$PY" scripts/build_book.py "${@:2}" ;;
   help|-h|--help)
     usage ;;
   *)

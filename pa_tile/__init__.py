@@ -23,6 +23,8 @@ _SUBMODULES = ("toolchain", "isa", "reference", "cache", "emu", "backend", "stag
 #: the finished kernel's API, re-exported lazily from ``pa_tile.api``
 _API = {name: "pa_tile.api" for name in ("paged_decode", "plan", "Plan", "make_workspace", "workspace_size",
                                           "choose_num_partitions")}
+#: the public names (the book's API reference documents these); the submodules are imported by name
+__all__ = list(_API)
 
 
 if __import__("os").environ.get("PA_TILE_SIMULATE_GPU"):
