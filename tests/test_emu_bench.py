@@ -18,7 +18,8 @@ def _restore_backend():
 
 
 def test_small_run_through_the_command_line(capsys):
-    code = bench.main(["--arch", "gfx942", "--seqs", "1", "--heads", "8", "--context", "17", "--json"])
+    code = bench.main(["--arch", "gfx942", "--stages", "s2", "--engines", "fast", "--seqs", "1", "--heads", "8",
+                       "--context", "17", "--json"])
     assert code == 0
     (r,) = json.loads(capsys.readouterr().out)
     assert r["arch"] == "gfx942" and r["shape"].startswith("1x8x17") and r["ok"]
