@@ -535,7 +535,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_shape(s)
     s.set_defaults(func=cmd_check)
 
-    s = add_parser("trace", help="memory-access report from the emulator: bytes and 64-byte segments per "
+    s = add_parser("trace", help="memory-access report from the emulator: bytes and 128-byte lines per "
                                      "load, LDS bank conflicts, instructions per tile",
                        description="Run a kernel once in the CPU emulator with an access trace and report "
                                    "coalescing, LDS bank conflicts and the dynamic instruction mix.")

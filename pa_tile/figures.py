@@ -16,7 +16,7 @@ from typing import Dict, Mapping, Optional, Sequence
 import numpy as np
 
 __all__ = ["OKABE_ITO", "decode_floor", "cache_layouts", "mfma_atom", "wave_split", "mfma_ownership", "softmax_butterfly",
-           "load_segments", "lds_banks", "phase_timeline", "traffic_bars", "split_k", "roofline", "static_facts",
+           "lane_lines", "lds_banks", "phase_timeline", "traffic_bars", "split_k", "roofline", "static_facts",
            "trace_facts", "partition_sweep", "kernel_map", "stage_predictions", "work_layouts", "schedule_predictions",
            "m_tile_predictions", "upstream_margins", "wave_dataflow"]
 
@@ -294,44 +294,58 @@ def softmax_butterfly(head: int = 0):
 
 
 # ---------------------------------------------------------------------------------------------
-# chapter 04
+# chapters 03 and 04
 
-SEGMENT = 64
+#: bytes of a vL1D / L2 line on both targets (pa_tile.emu.memory.LINE_BYTES, restated here because
+#: this module imports no emulator; tests/test_figures.py checks they agree)
+LINE_BYTES = 128
 
 
-def load_segments(offsets: Mapping[str, np.ndarray], nbytes: int = 16):
-    """Which 64-byte segments one wave's load touches: ``offsets[layout]`` is each lane's first
-    byte (relative to the page slab), each lane reading ``nbytes``. A marker per lane, a shaded
-    column per segment touched; the title counts them against the minimum."""
+def lane_lines(offsets: Mapping[str, np.ndarray], nbytes: int = 16, group_lanes: int = 4, ksteps: bool = False):
+    """Where each lane's bytes of one wave-wide load lie, line by line. ``offsets[name]``: each lane's
+    first byte, relative to the tensor's start (line-aligned on a GPU), as the emulator traced it;
+    each lane reads ``nbytes``. A row per 128-byte line touched (in address order), a box per lane
+    at its place in the line, coloured by the lane's MFMA group ``g = lane // 16`` and labelled with
+    the lane. The title counts the lines (what the wave fetches) and the (group of ``group_lanes``
+    consecutive lanes, line) pairs: the vL1D addresser takes 64 bytes of request a clock, 4 lanes
+    of a dwordx4, and pa_tile's timing model ASSUMES each such group pays a clock per line it
+    touches. ``ksteps``: hatch the second half of each lane's bytes (its second MFMA k-step)."""
     plt = _plt()
+    from matplotlib.patches import Rectangle
+
     n = len(offsets)
-    cols = 2 if n > 1 else 1
-    rows = -(-n // cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(WIDTH, 2.4 * rows + 0.6), squeeze=False)
-    span = max(int((np.asarray(o).max() + nbytes - 1) // SEGMENT) + 1 for o in offsets.values())
+    fig, axes = plt.subplots(1, n, figsize=(WIDTH, 4.6), squeeze=False)
     for ax, (name, off) in zip(axes.flat, offsets.items()):
         off = np.asarray(off, dtype=np.int64)
-        first, last = off // SEGMENT, (off + nbytes - 1) // SEGMENT
-        touched = np.unique(np.concatenate([first, last]))
-        used = np.zeros(span + 1, int)  # bytes of each segment some lane reads
-        np.add.at(used, ((off[:, None] + np.arange(nbytes)[None, :]) // SEGMENT).ravel(), 1)
-        minimum = -(-off.size * nbytes // SEGMENT)
-        for full, color, what in ((True, OKABE_ITO[2], "segment touched, all 64 bytes used"),
-                                  (False, OKABE_ITO[0], "segment touched, only part used")):
-            sel = touched[(used[touched] >= SEGMENT) == full]
-            if sel.size:
-                ax.bar(sel, np.full(sel.size, off.size), width=0.9, color=color, alpha=0.45, label=what)
-        ax.scatter(off / SEGMENT, np.arange(off.size), s=6, color=OKABE_ITO[4], label=f"a lane's {nbytes} bytes")
-        ax.set_xlim(-1, span + 1)
-        ax.set_ylim(-1, off.size)
-        _style(ax, f"{name}: {touched.size} segments (minimum {minimum})", "64-byte segment of the slab", "lane")
-    for ax in axes.flat[n:]:
-        ax.set_visible(False)
-    handles = {}
-    for ax in axes.flat[:n]:
-        handles.update(zip(*reversed(ax.get_legend_handles_labels())))
-    fig.legend(list(handles.values()), list(handles.keys()), loc="lower center", ncol=3, fontsize=FONT)
-    fig.tight_layout(rect=(0, 0.06, 1, 1))
+        lanes = np.arange(off.size)
+        first, last = off // LINE_BYTES, (off + nbytes - 1) // LINE_BYTES
+        lines = np.unique(np.concatenate([first, last]))
+        row = {int(ln): i for i, ln in enumerate(lines)}
+        pairs = {(int(lane) // group_lanes, int(ln)) for lane, a, b in zip(lanes, first, last) for ln in (a, b)}
+        for lane, o in zip(lanes, off):
+            y, x = row[int(o // LINE_BYTES)], int(o % LINE_BYTES)
+            color = OKABE_ITO[(int(lane) // 16) % 4]
+            ax.add_patch(Rectangle((x, y - 0.42), nbytes, 0.84, facecolor=color, edgecolor="0.25", lw=0.6,
+                                   alpha=0.75))
+            if ksteps:
+                ax.add_patch(Rectangle((x + nbytes / 2, y - 0.42), nbytes / 2, 0.84, fill=False, hatch="///",
+                                       edgecolor="0.35", lw=0))
+            ax.text(x + nbytes / 2, y, str(int(lane)), ha="center", va="center", fontsize=FONT)
+        ax.set_xlim(0, LINE_BYTES)
+        ax.set_ylim(lines.size - 0.5, -0.5)
+        ax.set_xticks(range(0, LINE_BYTES + 1, 16))
+        ax.set_yticks(range(lines.size))
+        ax.set_yticklabels([str(i + 1) for i in range(lines.size)])
+        ax.grid(axis="x", color="0.85", lw=0.5)
+        _style(ax, f"{name}: {lines.size} lines, {len(pairs)} (4-lane group, line) pairs",
+               "byte within the 128-byte line", "line touched (address order)")
+    handles = _patches([f"g={g}: lanes {16 * g}..{16 * g + 15}" for g in range(4)], OKABE_ITO[:4], 0.75)
+    if ksteps:
+        from matplotlib.patches import Patch
+
+        handles.append(Patch(facecolor="white", edgecolor="0.35", hatch="///", label="second k-step's 8 bytes"))
+    fig.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=FONT)
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
     return fig
 
 
@@ -795,7 +809,7 @@ def trace_facts(trace: Sequence[dict], names: Sequence[str], archs: Sequence[str
         axs[1, 0].plot(o, [t["lds_conflict_cycles_per_tile"] / 100 for t in sel], "kv" if ai else "k^",
                        label=f"conflict cycles per tile ÷ 100, {arch}")
     _style(axs[0, 0], "bytes per K/V load instruction (one wave)", "stage", "bytes")
-    _style(axs[0, 1], "coalescing: bytes used / segments' bytes", "stage", "fraction")
+    _style(axs[0, 1], "coalescing: bytes used / 128-byte lines' bytes", "stage", "fraction")
     _style(axs[1, 0], "LDS bank conflicts (1 = conflict free)", "stage", "degree / cycles ÷ 100")
     colors = _family_colors()
     bottom = np.zeros(len(names))

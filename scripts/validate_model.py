@@ -196,7 +196,7 @@ def _family_counts(counts):
 
 def _trace_figures(trace):
     fam = _family_counts(trace.counts)
-    other = dict(bytes=0.0, segments=0.0, store_bytes=0.0, lines=float(getattr(trace, "lines", 0)),
+    other = dict(bytes=0.0, store_bytes=0.0, lines=float(getattr(trace, "lines", 0)),
                  ta_cycles=float(getattr(trace, "ta_cycles", 0)))
     lds = dict(bytes=0.0, conflict_cycles=0.0)
     for r in trace.summary():
@@ -204,7 +204,6 @@ def _trace_figures(trace):
             if "_store" in r["mnemonic"]:
                 other["store_bytes"] += r["bytes"]
             other["bytes"] += r["bytes"]
-            other["segments"] += r["segments"]
         elif r["space"] == "lds":
             lds["bytes"] += r["bytes"]
             lds["conflict_cycles"] += r["conflict_cycles"]

@@ -219,11 +219,11 @@ def test_trace_tiny_memory_report(capsys, tmp_path):
     assert "global_load_dwordx4" in out and "PASS" in out
     rep = json.loads(js.read_text())
     # [16, 128] float32 in 8x64 tiles: 4 workgroups x 2 waves; each wave instruction moves 64 lanes
-    # x 16 B = 1 KiB of contiguous memory = 16 fully used 64-byte segments.
+    # x 16 B = 1 KiB of contiguous memory = 8 fully used 128-byte lines.
     vmem = rep["vmem"]
     assert [r["op"] for r in vmem] == ["load", "load", "store"]
     for r in vmem:
-        assert (r["executions"], r["bytes_per_exec"], r["segments_per_exec"], r["efficiency"]) == (8, 1024, 16, 1.0)
+        assert (r["executions"], r["bytes_per_exec"], r["lines_128B_per_exec"], r["efficiency"]) == (8, 1024, 8, 1.0)
     assert rep["lds"] == [] and rep["totals"]["lds_conflict_cycles"] == 0
     assert rep["families"]["global"] == 24 and rep["dynamic_instructions"] > 24
     assert rep["check"]["ok"]
@@ -314,6 +314,6 @@ def test_trace_stage(capsys, tmp_path, stage):
     t = rep["totals"]
     # every K/V byte of the case is loaded at least once: 429 tokens x 128 x 2 caches
     assert t["load_bytes"] >= 429 * 128 * 2
-    assert t["load_segments"] > 0 and t["instructions_per_tile"] > 0
+    assert t["load_lines_128B"] > 0 and t["instructions_per_tile"] > 0
     assert all(r["executions"] > 0 for r in rep["vmem"] + rep["lds"])
     assert "instructions per 256-token tile" in out

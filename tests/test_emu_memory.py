@@ -7,7 +7,7 @@ import torch
 from pa_tile import arch as pa_arch
 from pa_tile.emu.memory import (
     LDS, OVERREAD_POISON, GlobalMemory, MemoryFault, Trace, bank_conflicts, buffer_addresses, buffer_load, buffer_store,
-    coalescing_segments, decode_vsharp, encode_vsharp, format_table, scalar_buffer_load)
+    coalescing_lines, decode_vsharp, encode_vsharp, format_table, scalar_buffer_load)
 
 ALL = np.ones(64, bool)
 LANE = np.arange(64)
@@ -372,16 +372,32 @@ def test_lds_hardware_mode_rounds_to_the_arch_granule(arch, limit):
 # ---------------------------------------------------------------- coalescing and banks
 
 
-def test_segment_counts():
+def test_line_counts():
+    """128-byte lines (the vL1D / L2 line of both targets) a wave's access touches."""
     base = 1 << 20
-    assert coalescing_segments(base + LANE * 16, ALL, 16) == 16
-    assert coalescing_segments(base + LANE * 4, ALL, 4) == 4
-    assert coalescing_segments(base + LANE * 64, ALL, 4) == 64
-    assert coalescing_segments(base + LANE * 256, ALL, 16) == 64
-    assert coalescing_segments(base + 8 + LANE * 16, ALL, 16) == 17   # misaligned by 8 B
-    assert coalescing_segments(np.full(64, base, np.uint64), ALL, 16) == 1
-    assert coalescing_segments(base + LANE * 16, LANE < 8, 16) == 2
-    assert coalescing_segments(base + LANE * 16, np.zeros(64, bool), 16) == 0
+    assert coalescing_lines(base + LANE * 16, ALL, 16) == 8      # 1 KiB contiguous
+    assert coalescing_lines(base + LANE * 4, ALL, 4) == 2
+    assert coalescing_lines(base + LANE * 64, ALL, 4) == 32      # a dword every 64 B: two per line
+    assert coalescing_lines(base + LANE * 256, ALL, 16) == 64
+    assert coalescing_lines(base + 8 + LANE * 16, ALL, 16) == 9   # misaligned by 8 B
+    assert coalescing_lines(np.full(64, base, np.uint64), ALL, 16) == 1
+    assert coalescing_lines(base + LANE * 16, LANE < 8, 16) == 1
+    assert coalescing_lines(base + LANE * 16, np.zeros(64, bool), 16) == 0
+
+
+def test_lines_are_counted_from_the_start_of_each_region():
+    """A tensor the host put 64 bytes past a line boundary still reads 1 KiB as 8 lines once its
+    region is known (a GPU allocation starts line-aligned); two regions' lines never merge."""
+    base = (1 << 20) + 64
+    assert coalescing_lines(base + LANE * 16, ALL, 16) == 9
+    bases = np.array([base, base + 4096], np.uint64)
+    assert coalescing_lines(base + LANE * 16, ALL, 16, bases) == 8
+    two = np.where(LANE < 32, base + 4096 - 64 + LANE * 2, base + 4096 + LANE * 2).astype(np.uint64)
+    assert coalescing_lines(two, ALL, 2, bases) == 2
+    t = Trace("gfx942")
+    t.set_regions([(base, 4096, "k"), (base + 4096, 4096, "v")])
+    t.global_access("global_load_dwordx4", 1, base + LANE * 16, ALL, 16)
+    assert t.summary()[0]["lines_128B"] == 8
 
 
 @pytest.mark.parametrize("arch", ["gfx942", "gfx950"])
@@ -449,9 +465,9 @@ def test_trace_summary_and_windows():
     assert t.instruction_counts()[0] == {"mnemonic": "v_add_u32", "count": 6}
     rows = {(r["mnemonic"], r["line"]): r for r in t.summary()}
     g = rows[("global_load_dwordx4", 10)]
-    assert (g["executions"], g["bytes"], g["segments"], g["min_segments"], g["efficiency"]) == (2, 2048, 32, 32, 1.0)
+    assert (g["executions"], g["bytes"], g["lines_128B"], g["min_lines_128B"], g["efficiency"]) == (2, 2048, 16, 16, 1.0)
     b = rows[("buffer_load_dword", 11)]
-    assert b["space"] == "buffer" and b["segments"] == 96 and b["min_segments"] == 4 + 2
+    assert b["space"] == "buffer" and b["lines_128B"] == 32 + 16 and b["min_lines_128B"] == 2 + 1
     assert b["mean_lanes"] == 48
     r = rows[("ds_read_b32", 12)]
     assert (r["max_degree"], r["mean_degree"], r["conflict_cycles"]) == (32, 16.5, 62)
@@ -469,7 +485,7 @@ def test_trace_summary_and_windows():
     with pytest.raises(ValueError, match="marks"):
         t.instruction_counts(3, 9)
     assert len(t.accesses(*w)) == 4 and t.accesses()[0]["seq"] == 4
-    table = format_table(t.summary(), ["mnemonic", "line", "segments", "efficiency"])
+    table = format_table(t.summary(), ["mnemonic", "line", "lines_128B", "efficiency"])
     assert "global_load_dwordx4" in table and "0.06" in table.splitlines()[3]
 
 
@@ -544,7 +560,7 @@ def _run_grouped_kernel(t: Trace):
 
 def _totals(rows, space):
     keys = ("executions", "bytes") + (("max_degree", "conflict_cycles") if space == "lds" else
-                                      ("segments", "min_segments", "distinct_bytes") if space != "scalar" else ())
+                                      ("lines_128B", "min_lines_128B", "distinct_bytes") if space != "scalar" else ())
     picked = [r for r in rows if r["space"] == space]
     return {k: (max if k == "max_degree" else sum)(r[k] for r in picked) for k in keys}
 
@@ -569,16 +585,16 @@ def test_grouped_summary_merges_lines_of_one_shape_and_shows_conflicts():
         ("buffer_load_dwordx4", 3, 6), ("buffer_load_dwordx4", 1, 2), ("ds_read_b32", 2, 4), ("ds_read_b32", 1, 2),
         ("s_load_dwordx4", 1, 2), ("s_load_dword", 1, 2)]
     coalesced, broadcast, lds_ok, lds_bad = rows[:4]
-    assert (coalesced["bytes_per_exec"], coalesced["segments_per_exec"], coalesced["min_segments_per_exec"],
-            coalesced["efficiency"], coalesced["first_line"], coalesced["last_line"]) == (1024, 16, 16, 1.0, 20, 22)
-    assert (broadcast["segments_per_exec"], broadcast["min_segments_per_exec"], broadcast["distinct_bytes"]) == (1, 16, 32)
+    assert (coalesced["bytes_per_exec"], coalesced["lines_128B_per_exec"], coalesced["min_lines_128B_per_exec"],
+            coalesced["efficiency"], coalesced["first_line"], coalesced["last_line"]) == (1024, 8, 8, 1.0, 20, 22)
+    assert (broadcast["lines_128B_per_exec"], broadcast["min_lines_128B_per_exec"], broadcast["distinct_bytes"]) == (1, 8, 32)
     assert (lds_ok["max_degree"], lds_ok["conflict_cycles"]) == (1, 0)
     # lanes 128 B apart: every dword on bank 0, two 32-lane phases on gfx942
     assert (lds_bad["max_degree"], lds_bad["mean_degree"], lds_bad["conflict_cycles"]) == (32, 32.0, 2 * 2 * 31)
-    assert "phase" not in coalesced and "segments" not in lds_bad and "max_degree" not in coalesced
+    assert "phase" not in coalesced and "lines_128B" not in lds_bad and "max_degree" not in coalesced
     # shapes=False: one row per mnemonic, the per-execution figures become means
     merged = {r["mnemonic"]: r for r in t.grouped_summary(shapes=False)}
-    assert merged["buffer_load_dwordx4"]["lines"] == 4 and merged["buffer_load_dwordx4"]["segments_per_exec"] == 12.25
+    assert merged["buffer_load_dwordx4"]["lines"] == 4 and merged["buffer_load_dwordx4"]["lines_128B_per_exec"] == 6.25
     assert merged["ds_read_b32"]["max_degree"] == 32 and merged["ds_read_b32"]["mean_degree"] == 34 / 3
     # merge_scalar: one row for every scalar load, no per-execution width when widths differ
     sc = [r for r in t.grouped_summary(merge_scalar=True) if r["space"] == "scalar"]

@@ -61,8 +61,7 @@ CASES = {
     "wave_split": lambda: figures.wave_split(),
     "mfma_ownership": lambda: figures.mfma_ownership(chunk=1, d_chunk=2),
     "softmax_butterfly": lambda: figures.softmax_butterfly(head=3),
-    "load_segments": lambda: figures.load_segments({"K plain": lanes * 128, "K blocked": lanes * 16,
-                                                   "V plain": lanes * 64}),
+    "lane_lines": lambda: figures.lane_lines({"K plain": lanes * 128, "K blocked": lanes * 16}, ksteps=True),
     "lds_banks": lambda: figures.lds_banks((4, 5)),
     "phase_timeline": lambda: figures.phase_timeline(m_tiles=3, tiles=1),
     "head_dim_split_timeline": lambda: figures.head_dim_split_timeline(m_tiles=5, group=2),
@@ -100,11 +99,19 @@ def test_lds_banks_stride_5_has_no_conflict():
         plt.close(fig)
 
 
-def test_load_segments_counts_segments():
-    fig = figures.load_segments({"plain": lanes * 128, "blocked": lanes * 16})
+def test_lane_lines_counts_lines_and_lane_groups():
+    from pa_tile.emu.memory import LINE_BYTES
+
+    assert figures.LINE_BYTES == LINE_BYTES  # the figure's line is the trace's
+    # stage 3's K load (lane c of group g: token row c, bytes 16g..): 16 rows, 4 groups' bytes in each;
+    # a 4-lane addresser group spans 4 rows. Blocked: each 4-lane group reads 64 contiguous bytes
+    plain = (lanes % 16) * 128 + (lanes // 16) * 16
+    blocked = (lanes // 4) * 256 + (lanes % 4) * 16
+    fig = figures.lane_lines({"plain": plain, "blocked": blocked})
     try:
         titles = [a.get_title() for a in fig.axes]
-        assert titles[0] == "plain: 64 segments (minimum 16)" and titles[1] == "blocked: 16 segments (minimum 16)"
+        assert titles[0] == "plain: 16 lines, 64 (4-lane group, line) pairs"
+        assert titles[1] == "blocked: 16 lines, 16 (4-lane group, line) pairs"
     finally:
         plt.close(fig)
 

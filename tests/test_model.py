@@ -23,7 +23,7 @@ def _code(loop_cycles=2000.0, vm_stall=800.0, workgroups_per_cu=2, instructions=
 
 
 PER_TILE = dict(valu=480.0, mfma=128.0, salu=40.0, waitcnt=40.0, branch=8.0, buffer=64.0, ds=16.0,
-                other_bytes=65536.0, other_segments=1024.0, lds_bytes=8192.0, lds_conflict_cycles=0.0)
+                other_bytes=65536.0, other_lines=512.0, lds_bytes=8192.0, lds_conflict_cycles=0.0)
 
 
 def _predict(shape, gpu=hw.HARDWARE["mi300x"], code=None, partitions=1, per_tile=PER_TILE):
@@ -70,7 +70,7 @@ def test_longer_latency_never_faster():
 
 def test_never_below_the_hbm_floor():
     fast = dataclasses.replace(hw.HARDWARE["mi300x"], hbm_efficiency=1.0, launch_us=0.0)
-    tiny = dict(valu=1.0, other_bytes=1.0, other_segments=1.0)
+    tiny = dict(valu=1.0, other_bytes=1.0, other_lines=0.5)
     for gpu in (fast, hw.HARDWARE["mi355x"]):
         for s in SHAPES:
             p = _predict(s, gpu, code=_code(loop_cycles=1.0, vm_stall=0.0), per_tile=tiny)

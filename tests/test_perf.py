@@ -261,24 +261,24 @@ def test_report_from_a_trace():
     mask = [True] * 64
     for _ in range(2):
         tr.count("global_load_dwordx4")
-        tr.global_access("global_load_dwordx4", 10, addrs * 16, mask, 16)  # 1 KiB contiguous: 16 segments
+        tr.global_access("global_load_dwordx4", 10, addrs * 16, mask, 16)  # 1 KiB contiguous: 8 lines
         tr.count("global_load_dword")
-        tr.global_access("global_load_dword", 11, addrs * 64, mask, 4)  # one dword per segment: 64 segments
+        tr.global_access("global_load_dword", 11, addrs * 64, mask, 4)  # two dwords per 128 B line: 32 lines
         tr.count("ds_read_b32")
         tr.lds_access("ds_read_b32", 12, (addrs * 128).astype("uint32"), mask, 4)  # every lane on bank 0
     tr.count("v_add_f32_e32")
     s = DecodeShape(batch=1, context=300, num_q_heads=8, num_kv_heads=2)
     rep = tracing.report_from_trace(tr, "synthetic", shape=s)
     wide, narrow = rep.vmem
-    assert (wide["executions"], wide["bytes_per_exec"], wide["segments_per_exec"], wide["efficiency"]) == (2, 1024, 16, 1.0)
-    assert (narrow["segments_per_exec"], narrow["min_segments_per_exec"]) == (64, 4)
-    assert narrow["efficiency"] == pytest.approx(4 / 64)
+    assert (wide["executions"], wide["bytes_per_exec"], wide["lines_128B_per_exec"], wide["efficiency"]) == (2, 1024, 8, 1.0)
+    assert (narrow["lines_128B_per_exec"], narrow["min_lines_128B_per_exec"]) == (32, 2)
+    assert narrow["efficiency"] == pytest.approx(2 / 32)
     (lds,) = rep.lds
     assert lds["max_degree"] > 1 and lds["conflict_cycles"] > 0
     assert rep.dynamic_instructions == 7 and rep.families["global"] == 4 and rep.families["valu"] == 1
     assert rep.tiles == 2 * 2  # 2 kv heads x ceil(300 / 256) tiles
     t = rep.totals()
-    assert t["load_segments"] == 2 * (16 + 64) and t["load_efficiency"] == pytest.approx(2 * 20 / 160)
+    assert t["load_lines_128B"] == 2 * (8 + 32) and t["load_efficiency"] == pytest.approx(2 * 10 / 80)
     text = rep.format()
     assert "global_load_dword" in text and "conflict" in text and "per 256-token tile" in text
     json.dumps(rep.to_dict())

@@ -22,40 +22,44 @@ IDEAL_KV_BYTES_PER_TILE = 2 * 256 * 128  # K and V of 256 tokens x 128 channels,
 
 # loop_static: instructions in the main loop of the compiled code (static, one wave).
 # per_tile: dynamic wave-instructions per 256-token tile, all 4 waves (difference of two runs).
-# k/v_coalescing: unique bytes / (64 x segments touched) over the K/V loads; 1.0 = nothing wasted.
+# k/v_coalescing: unique bytes / (128 x 128-byte lines touched) over the K/V loads; 1.0 = nothing wasted.
 # k/v_bytes_per_load: bytes one wave-wide K/V load requests (1024 = 64 lanes x dwordx4).
 # kv_bytes_per_tile: K+V bytes requested per tile (ideal 65536: each byte once).
 # lds_degree: worst LDS bank-conflict degree; lds_cycles_per_tile: conflict cycles per tile.
 EXPECTED = {
-    # s1: Q.K^T with K plain read as dwordx2 by lanes 16 B apart -> half of each segment wasted,
+    # s1: Q.K^T with K plain read as dwordx2 by lanes 16 B apart: 4 lanes x 8 B = 32 B of each token's
+    # 128-byte row (one 128-byte line) per instruction -> a quarter of each line used,
     # and the LDS softmax round trip: 16-way conflicts, 2432 (gfx942) / 1280 (gfx950) cycles a tile.
-    ("s1", "gfx942"): dict(loop_static=808, per_tile=3232, k_coalescing=0.500, v_coalescing=1.000,
+    ("s1", "gfx942"): dict(loop_static=808, per_tile=3232, k_coalescing=0.250, v_coalescing=1.000,
                            k_bytes_per_load=512, v_bytes_per_load=512, kv_bytes_per_tile=65536,
                            lds_degree=16, lds_cycles_per_tile=2432.0),
-    ("s1", "gfx950"): dict(loop_static=817, per_tile=3268, k_coalescing=0.500, v_coalescing=1.000,
+    ("s1", "gfx950"): dict(loop_static=817, per_tile=3268, k_coalescing=0.250, v_coalescing=1.000,
                            k_bytes_per_load=512, v_bytes_per_load=512, kv_bytes_per_tile=65536,
                            lds_degree=16, lds_cycles_per_tile=1280.0),
-    # s2: register softmax, dwordx4 K/V loads fully coalesced, no LDS in the loop (the 2-way
+    # s2-s6 K: a wave's dwordx4 K load reads 64 bytes of each of 16 128-byte lines (stage 3's plain
+    # rows, stage 4's blocked 4-lane groups alike) and the wave's next load the other 64: 0.5 a load,
+    # every line read whole over the pair (tests/test_stage4.py). V: whole lines, 1.0.
+    # s2: register softmax, dwordx4 K/V loads, no LDS in the loop (the 2-way
     # conflict is the one-off merge after it). s2-s4 fold P's exponent margin (kernel_lib.exp_shift)
     # into the exponent's fma, as s5 does: their loops are 18-21 instructions shorter than before it.
-    ("s2", "gfx942"): dict(loop_static=269, per_tile=680, k_coalescing=1.000, v_coalescing=1.000,
+    ("s2", "gfx942"): dict(loop_static=269, per_tile=680, k_coalescing=0.500, v_coalescing=1.000,
                            k_bytes_per_load=1024, v_bytes_per_load=1024, kv_bytes_per_tile=65536,
                            lds_degree=2, lds_cycles_per_tile=0.0),
-    ("s2", "gfx950"): dict(loop_static=277, per_tile=712, k_coalescing=1.000, v_coalescing=1.000,
+    ("s2", "gfx950"): dict(loop_static=277, per_tile=712, k_coalescing=0.500, v_coalescing=1.000,
                            k_bytes_per_load=1024, v_bytes_per_load=1024, kv_bytes_per_tile=65536,
                            lds_degree=2, lds_cycles_per_tile=0.0),
     # s3: raw dwordx4 loads issued a tile ahead: more registers and loop instructions, same traffic.
-    ("s3", "gfx942"): dict(loop_static=306, per_tile=828, k_coalescing=1.000, v_coalescing=1.000,
+    ("s3", "gfx942"): dict(loop_static=306, per_tile=828, k_coalescing=0.500, v_coalescing=1.000,
                            k_bytes_per_load=1024, v_bytes_per_load=1024, kv_bytes_per_tile=65536,
                            lds_degree=2, lds_cycles_per_tile=0.0),
-    ("s3", "gfx950"): dict(loop_static=317, per_tile=868, k_coalescing=1.000, v_coalescing=1.000,
+    ("s3", "gfx950"): dict(loop_static=317, per_tile=868, k_coalescing=0.500, v_coalescing=1.000,
                            k_bytes_per_load=1024, v_bytes_per_load=1024, kv_bytes_per_tile=65536,
                            lds_degree=2, lds_cycles_per_tile=0.0),
     # s4: s3's loop on blocked K / trans-blocked V; the merge after the loop is conflict free now.
-    ("s4", "gfx942"): dict(loop_static=305, per_tile=824, k_coalescing=1.000, v_coalescing=1.000,
+    ("s4", "gfx942"): dict(loop_static=305, per_tile=824, k_coalescing=0.500, v_coalescing=1.000,
                            k_bytes_per_load=1024, v_bytes_per_load=1024, kv_bytes_per_tile=65536,
                            lds_degree=1, lds_cycles_per_tile=0.0),
-    ("s4", "gfx950"): dict(loop_static=315, per_tile=860, k_coalescing=1.000, v_coalescing=1.000,
+    ("s4", "gfx950"): dict(loop_static=315, per_tile=860, k_coalescing=0.500, v_coalescing=1.000,
                            k_bytes_per_load=1024, v_bytes_per_load=1024, kv_bytes_per_tile=65536,
                            lds_degree=1, lds_cycles_per_tile=0.0),
     # s5: phase-split MTP / wide-GQA kernel at ql 1, group 8 (one M-tile), P·V split across the
@@ -69,10 +73,10 @@ EXPECTED = {
     # the first tile's page ids before the query is staged (one memory wait less a workgroup) costs
     # the loop 3 instructions (412 / 424 static, 836 / 880 per tile). The max table's write puts the
     # 16 rows' words on 8 banks twice: degree 2, 8 cycles a tile.
-    ("s5", "gfx942"): dict(loop_static=412, per_tile=836, k_coalescing=1.000, v_coalescing=1.000,
+    ("s5", "gfx942"): dict(loop_static=412, per_tile=836, k_coalescing=0.500, v_coalescing=1.000,
                            k_bytes_per_load=1024, v_bytes_per_load=1024, kv_bytes_per_tile=65536,
                            lds_degree=2, lds_cycles_per_tile=8.0),
-    ("s5", "gfx950"): dict(loop_static=424, per_tile=880, k_coalescing=1.000, v_coalescing=1.000,
+    ("s5", "gfx950"): dict(loop_static=424, per_tile=880, k_coalescing=0.500, v_coalescing=1.000,
                            k_bytes_per_load=1024, v_bytes_per_load=1024, kv_bytes_per_tile=65536,
                            lds_degree=2, lds_cycles_per_tile=8.0),
     # s6: s5's kernel split into the partitions the default picks (the timing model's table
@@ -84,10 +88,10 @@ EXPECTED = {
     # chapter 6's "Ragged batches"). The reduce merging four partitions a loop iteration (one
     # pass; before, two passes of one each) and V with K: 1197 / 1243 -> 1135 / 1184 per tile; the
     # first tile's page ids before the query's staging, as in s5: 1147 / 1197.
-    ("s6", "gfx942"): dict(loop_static=412, per_tile=1147, k_coalescing=1.000, v_coalescing=1.000,
+    ("s6", "gfx942"): dict(loop_static=412, per_tile=1147, k_coalescing=0.500, v_coalescing=1.000,
                            k_bytes_per_load=1024, v_bytes_per_load=1024, kv_bytes_per_tile=65536,
                            lds_degree=2, lds_cycles_per_tile=10.0),
-    ("s6", "gfx950"): dict(loop_static=424, per_tile=1197, k_coalescing=1.000, v_coalescing=1.000,
+    ("s6", "gfx950"): dict(loop_static=424, per_tile=1197, k_coalescing=0.500, v_coalescing=1.000,
                            k_bytes_per_load=1024, v_bytes_per_load=1024, kv_bytes_per_tile=65536,
                            lds_degree=2, lds_cycles_per_tile=10.0),
 }
@@ -203,15 +207,15 @@ def test_tagged_trace_attributes_and_measures_accesses():
     half[32:] = False
     tr.global_access("buffer_store_dword", 5, base_k + lanes * 4, half, 4, kind="buffer", write=True)
     (r1, r2, r3, r4, r5) = tr.tagged
-    assert r1 == ("K", "buffer_load_dwordx4", False, 1024, 1024, 16)  # 16 segments, every byte used
-    assert r2 == ("V", "buffer_load_dwordx2", False, 512, 512, 16)  # 16 segments, half of each used
-    assert r3 == ("V", "buffer_load_dword", False, 256, 4, 1)  # 64 lanes, 4 distinct bytes, one segment
+    assert r1 == ("K", "buffer_load_dwordx4", False, 1024, 1024, 8)  # 8 lines, every byte used
+    assert r2 == ("V", "buffer_load_dwordx2", False, 512, 512, 8)  # 8 lines, half of each used
+    assert r3 == ("V", "buffer_load_dword", False, 256, 4, 1)  # 64 lanes, 4 distinct bytes, one line
     assert r4[0] == "other"
-    assert r5 == ("K", "buffer_store_dword", True, 128, 128, 2)
-    big = dict(executions=2, bytes=1024 + 512, unique=1024 + 512, segments=32)
-    small = dict(executions=1, bytes=1024, unique=1024, segments=16)
+    assert r5 == ("K", "buffer_store_dword", True, 128, 128, 1)
+    big = dict(executions=2, bytes=1024 + 512, unique=1024 + 512, lines_128B=16)
+    small = dict(executions=1, bytes=1024, unique=1024, lines_128B=8)
     fig = stage_metrics._kv_figures(small, big, tiles=2)
-    assert fig == dict(loads=2, bytes_per_load=768.0, segments_per_load=16.0, coalescing=1536 / 2048,
+    assert fig == dict(loads=2, bytes_per_load=768.0, lines_128B_per_load=8.0, coalescing=1536 / 2048,
                        bytes_per_tile=256.0)
 
 

@@ -10,7 +10,7 @@ import torch
 
 from pa_tile import backend, cache, isa, toolchain
 from pa_tile.emu import launch as emu_launch
-from pa_tile.emu.memory import SEGMENT, Trace, coalescing_segments
+from pa_tile.emu.memory import LINE_BYTES, Trace, coalescing_lines
 from pa_tile.stages import s3_raw_loads as s3
 from pa_tile.stages import s4_blocked_layouts as s4
 
@@ -118,7 +118,7 @@ class _AddressTrace(Trace):
 
 @pytest.mark.parametrize("block_size,head_dim,scales", [(16, 128, "per-tensor"), (64, 64, "per-token")])
 @pytest.mark.parametrize("arch", ARCHS)
-def test_trace_all_kv_bytes_by_128bit_loads_at_minimum_segments_no_lds_conflicts(arch, block_size, head_dim, scales):
+def test_trace_all_kv_bytes_by_128bit_loads_in_whole_128B_lines_no_lds_conflicts(arch, block_size, head_dim, scales):
     n = 300
     case = _case(arch, block_size, head_dim, group=16, contexts=[n], scales=scales)
     args = _args(case)
@@ -129,6 +129,7 @@ def test_trace_all_kv_bytes_by_128bit_loads_at_minimum_segments_no_lds_conflicts
     if scales == "per-token":
         named.update(ks=args[5], vs=args[6])
     seen = {name: set() for name in named}
+    touched = dict(k=set(), v=set())
     for mnemonic, nbytes, write, a in trace.addresses:
         for name, t in named.items():
             lo, hi = t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()
@@ -138,14 +139,17 @@ def test_trace_all_kv_bytes_by_128bit_loads_at_minimum_segments_no_lds_conflicts
             assert inside.all() and not write
             assert mnemonic == "buffer_load_dwordx4" and nbytes == 16, (name, mnemonic)
             assert a.size == 64  # whole-wave loads
-            # 16-byte aligned, and as few 64-byte segments as the distinct bytes need (lanes of a
-            # clamped prefetch past the context may repeat an address: then fewer than 16)
+            # 16-byte aligned; a K/V load touches at most twice the 128-byte lines its distinct bytes
+            # need (K: every 4-lane group reads 64 contiguous bytes, half a line, and the wave's next
+            # load the other half), and every line a K/V load touches is read whole by the kernel
+            # (checked below). Per-token scales are shared by the 16 lanes of a row group (16 copies
+            # of 4 pieces per load), so they are held to the width only
             assert not (a % 16).any()
             distinct = np.unique(a).size * 16
-            # K and V at the minimum; per-token scales are shared by the 16 lanes of a row group
-            # (16 copies of 4 pieces per load), so they are held to the width only
             if name in ("k", "v"):
-                assert coalescing_segments(a.astype(np.uint64), np.ones(64, bool), 16) == -(-distinct // SEGMENT)
+                lines = coalescing_lines(a.astype(np.uint64), np.ones(64, bool), 16, np.array([lo], np.uint64))
+                assert lines <= 2 * -(-distinct // LINE_BYTES)
+                touched[name].update(((a - lo) // LINE_BYTES).tolist())
             for x in (a - lo).tolist():
                 seen[name].update(range(x, x + 16))
     pages = case.block_tables[0, : -(-n // block_size)].tolist()
@@ -156,6 +160,8 @@ def test_trace_all_kv_bytes_by_128bit_loads_at_minimum_segments_no_lds_conflicts
             need_k.add(int(np.ravel_multi_index(cache.layout_index("k_blocked", p, 0, slot, d), args[1].shape)))
             need_v.add(int(np.ravel_multi_index(cache.layout_index("v_trans_blocked", p, 0, slot, d), args[2].shape)))
     assert need_k <= seen["k"] and need_v <= seen["v"]
+    for name in ("k", "v"):  # no line fetched for part of its bytes
+        assert all(set(range(ln * LINE_BYTES, (ln + 1) * LINE_BYTES)) <= seen[name] for ln in touched[name]), name
     lds = [r for r in trace.accesses() if r["space"] == "lds"]
     assert lds and max(r["conflict_degree"] for r in lds) == 1
     assert sum(r["conflict_cycles"] for r in lds) == 0

@@ -92,9 +92,16 @@ Bank conflicts
     (degree - 1).
 
 Coalescing
-    For each global/buffer access the trace records how many distinct 64-byte segments the active
-    lanes touch, against the minimum ``ceil(active_lanes * bytes_per_lane / 64)`` (a perfectly
-    contiguous access). Broadcast loads can go below the "minimum".
+    For each global/buffer access the trace records how many distinct 128-byte lines the active
+    lanes touch (``lines_128B``), against the minimum ``ceil(active_lanes * bytes_per_lane / 128)``
+    (a perfectly contiguous access, ``min_lines_128B``). 128 bytes is the line of the vL1D and of
+    the L2 on both targets (AMD CDNA 3 and CDNA 4 white papers), so it is what a wave's load
+    fetches. Lines are counted from the start of the memory region (the tensor) an address lies
+    in, once a launch has named its regions (:meth:`Trace.set_regions`): a GPU allocation starts
+    at least 256-byte aligned (ASSUMED for HIP from CUDA's documented 256 bytes and torch's
+    512-byte caching-allocator blocks), while a host tensor the emulator reads may start at any
+    multiple of 64, which would make the count depend on where the host allocator put it.
+    Broadcast loads can go below the "minimum".
 """
 
 from __future__ import annotations
@@ -115,7 +122,8 @@ LDS_BANKS = {name: a.lds_banks for name, a in _arch.INFO.items()}
 # 160 KiB / 128; LLVM PR 208046 stopped rounding gfx950's block up to 2048, and PRs 205637/219172
 # round occupancy and alloca budgets to this granule)
 LDS_GRANULE = {name: a.lds_granule for name, a in _arch.INFO.items()}
-SEGMENT = 64
+#: bytes of a vL1D / L2 cache line on gfx942 and gfx950 ([CDNA3-WP], [CDNA4-WP]: 128-byte lines)
+LINE_BYTES = 128
 
 _U32 = 0xFFFFFFFF
 _ARANGE = {}
@@ -799,14 +807,24 @@ def distinct_bytes(addrs, mask, nbytes: int) -> int:
     return int(nbytes + np.minimum(np.diff(a), nbytes).sum())
 
 
-def coalescing_segments(addrs, mask, nbytes: int) -> int:
-    """Distinct 64-byte segments touched by the active lanes."""
+def coalescing_lines(addrs, mask, nbytes: int, bases=None) -> int:
+    """Distinct 128-byte lines (:data:`LINE_BYTES`) touched by the active lanes, counted from the
+    start of the region each address lies in (``bases``: the regions' sorted start addresses, as
+    :meth:`Trace.set_regions` keeps them) or from address 0 (``bases=None``)."""
     lanes = np.flatnonzero(_as_mask(mask))
     if lanes.size == 0:
         return 0
     a = np.asarray(addrs, dtype=np.uint64)[lanes]
-    six = np.uint64(6)
-    return int(np.unique(np.concatenate([a >> six, (a + np.uint64(nbytes - 1)) >> six])).size)
+    tag = np.zeros_like(a)
+    if bases is not None and len(bases):
+        idx = np.searchsorted(bases, a, side="right") - 1
+        inside = idx >= 0
+        base = np.where(inside, bases[np.maximum(idx, 0)], np.uint64(0))
+        tag = np.where(inside, (idx + 1).astype(np.uint64), np.uint64(0)) << np.uint64(48)
+        a = a - base
+    seven = np.uint64(7)
+    first, last = a >> seven, (a + np.uint64(nbytes - 1)) >> seven
+    return int(np.unique(np.concatenate([tag | first, tag | last])).size)
 
 
 class Trace:
@@ -845,6 +863,14 @@ class Trace:
         self.lds_records: list[tuple] = []
         self.scalar_records: list[tuple] = []
         self.line_counts: dict[tuple, int] | None = {} if count_lines else None
+        #: sorted start addresses of the current launch's memory regions (:meth:`set_regions`)
+        self.bases: np.ndarray | None = None
+
+    def set_regions(self, regions) -> None:
+        """Count the next accesses' 128-byte lines from the start of the region each lies in.
+        ``regions``: ``(base, nbytes, name)`` items (a launch's ``regions``); the emulator's
+        launcher calls this before each launch it traces."""
+        self.bases = np.array(sorted({int(r[0]) for r in regions}), dtype=np.uint64)
 
     def _on(self, wave) -> bool:
         return self.recording and (self.waves is None or wave is None or wave in self.waves)
@@ -891,9 +917,9 @@ class Trace:
             return
         mask = _as_mask(mask)
         lanes = int(mask.sum())
-        segs = coalescing_segments(addrs, mask, nbytes) if lanes else 0
+        n_lines = coalescing_lines(addrs, mask, nbytes, self.bases) if lanes else 0
         distinct = distinct_bytes(addrs, mask, nbytes) if lanes else 0
-        self.global_records.append((self.seq, wave, mnemonic, line, kind, write, lanes, nbytes, segs, distinct))
+        self.global_records.append((self.seq, wave, mnemonic, line, kind, write, lanes, nbytes, n_lines, distinct))
 
     def scalar_access(self, mnemonic: str, line, addr: int, nbytes: int, *, wave=None) -> None:
         """One scalar memory load: ``nbytes`` from one address for the whole wave."""
@@ -954,12 +980,12 @@ class Trace:
         """Every recorded vector memory access (global, buffer, LDS) as a dict, in execution
         order. Scalar loads are in :meth:`scalar_accesses`."""
         rows = []
-        for seq, wave, m, line, kind, write, lanes, nb, segs, distinct in self.global_records:
+        for seq, wave, m, line, kind, write, lanes, nb, n_lines, distinct in self.global_records:
             if self._inside(seq, start, stop):
                 rows.append(dict(seq=seq, wave=wave, mnemonic=m, line=line, space=kind, write=write,
                                  lanes=lanes, bytes_per_lane=nb, bytes=lanes * nb, distinct_bytes=distinct,
-                                 segments=segs,
-                                 min_segments=-(-lanes * nb // SEGMENT)))
+                                 lines_128B=n_lines,
+                                 min_lines_128B=-(-lanes * nb // LINE_BYTES)))
         for seq, wave, m, line, write, lanes, nb, degree, cycles in self.lds_records:
             if self._inside(seq, start, stop):
                 rows.append(dict(seq=seq, wave=wave, mnemonic=m, line=line, space="lds", write=write,
@@ -978,8 +1004,8 @@ class Trace:
         """Per-instruction aggregates keyed by ``(mnemonic, line)``, sorted by line.
 
         Global/buffer rows: executions, active lanes (mean), bytes (active lanes x width),
-        distinct_bytes (per execution, lanes reading the same bytes counted once), segments,
-        min_segments and ``efficiency = min_segments / segments``. LDS rows: executions, bytes, max/mean conflict
+        distinct_bytes (per execution, lanes reading the same bytes counted once), lines_128B
+        (128-byte lines touched), min_lines_128B and ``efficiency = min_lines_128B / lines_128B``. LDS rows: executions, bytes, max/mean conflict
         degree and total conflict cycles. Scalar rows (``space="scalar"``): executions and bytes
         only, since one scalar load is not a coalescing event.
         """
@@ -993,7 +1019,7 @@ class Trace:
                 if r["space"] == "lds":
                     a.update(max_degree=0, degree_sum=0, conflict_cycles=0)
                 elif r["space"] != "scalar":
-                    a.update(segments=0, min_segments=0, distinct_bytes=0)
+                    a.update(lines_128B=0, min_lines_128B=0, distinct_bytes=0)
             a["executions"] += 1
             a["lanes"] += r.get("lanes", 0)
             a["bytes"] += r["bytes"]
@@ -1004,8 +1030,8 @@ class Trace:
                 a["degree_sum"] += r["conflict_degree"]
                 a["conflict_cycles"] += r["conflict_cycles"]
             else:
-                a["segments"] += r["segments"]
-                a["min_segments"] += r["min_segments"]
+                a["lines_128B"] += r["lines_128B"]
+                a["min_lines_128B"] += r["min_lines_128B"]
                 a["distinct_bytes"] += r["distinct_bytes"]
         out = []
         for a in agg.values():
@@ -1018,7 +1044,7 @@ class Trace:
             if a["space"] == "lds":
                 a["mean_degree"] = a.pop("degree_sum") / n
             else:
-                a["efficiency"] = a["min_segments"] / a["segments"] if a["segments"] else 1.0
+                a["efficiency"] = a["min_lines_128B"] / a["lines_128B"] if a["lines_128B"] else 1.0
             out.append(a)
         out.sort(key=lambda a: (a["line"] is not None, a["line"] if isinstance(a["line"], int) else 0,
                                 str(a["line"]), a["mnemonic"], a["space"]))
@@ -1035,17 +1061,17 @@ class Trace:
         * ``phases``: ``None`` (no phase) or a sequence of ``(name, first_line, last_line)`` ranges
           (inclusive; e.g. prologue / loop / epilogue from ``pa_tile.isa.loop_phases``). A line in
           no range has phase ``None``.
-        * ``shapes=True`` keeps lines apart whose access differs per execution: bytes, 64-byte
-          segments and minimum segments (global/buffer), bytes and worst conflict degree (LDS).
+        * ``shapes=True`` keeps lines apart whose access differs per execution: bytes, 128-byte
+          lines and minimum lines (global/buffer), bytes and worst conflict degree (LDS).
           A broadcast load then never hides among coalesced ones. ``shapes=False`` merges them
           (the per-execution figures become means). Scalar loads group by mnemonic only, or
           all into one row per phase named ``"scalar loads"`` with ``merge_scalar=True``.
 
         Each row: ``phase`` (only with ``phases``), ``space``, ``mnemonic``, ``lines`` (how many
         instruction lines), ``first_line``/``last_line`` (integer lines only, else None),
-        ``executions``, ``bytes`` and ``bytes_per_exec``; global/buffer rows add ``segments``,
-        ``min_segments`` (totals), ``segments_per_exec``, ``min_segments_per_exec``, ``efficiency``
-        (``min_segments / segments``) and ``distinct_bytes``; LDS rows ``max_degree``,
+        ``executions``, ``bytes`` and ``bytes_per_exec``; global/buffer rows add ``lines_128B``,
+        ``min_lines_128B`` (totals), ``lines_128B_per_exec``, ``min_lines_128B_per_exec``,
+        ``efficiency`` (``min_lines_128B / lines_128B``) and ``distinct_bytes``; LDS rows ``max_degree``,
         ``mean_degree`` (per execution) and ``conflict_cycles``. Per-execution figures are ints
         when whole. Totals equal those of :meth:`summary`. Rows are ordered by phase (the order
         of ``phases``, lines in no range last), then global, buffer, LDS, scalar, then first line.
@@ -1071,7 +1097,7 @@ class Trace:
             elif space == "lds":
                 shape = (per(r["bytes"], n), r["max_degree"])
             else:
-                shape = (per(r["bytes"], n), per(r["segments"], n), per(r["min_segments"], n))
+                shape = (per(r["bytes"], n), per(r["lines_128B"], n), per(r["min_lines_128B"], n))
             phase = phase_of(r["line"])
             mnemonic = "scalar loads" if merge_scalar and space == "scalar" else r["mnemonic"]
             groups.setdefault((phase, space, mnemonic, shape), []).append(r)
@@ -1090,11 +1116,11 @@ class Trace:
                 a["mean_degree"] = sum(r["mean_degree"] * r["executions"] for r in rows) / n
                 a["conflict_cycles"] = sum(r["conflict_cycles"] for r in rows)
             elif space != "scalar":
-                for k in ("segments", "min_segments", "distinct_bytes"):
+                for k in ("lines_128B", "min_lines_128B", "distinct_bytes"):
                     a[k] = sum(r[k] for r in rows)
-                a["segments_per_exec"] = per(a["segments"], n)
-                a["min_segments_per_exec"] = per(a["min_segments"], n)
-                a["efficiency"] = a["min_segments"] / a["segments"] if a["segments"] else 1.0
+                a["lines_128B_per_exec"] = per(a["lines_128B"], n)
+                a["min_lines_128B_per_exec"] = per(a["min_lines_128B"], n)
+                a["efficiency"] = a["min_lines_128B"] / a["lines_128B"] if a["lines_128B"] else 1.0
             if phases is None:
                 del a["phase"]
             out.append(a)
@@ -1105,15 +1131,15 @@ class Trace:
 
     #: the columns of :meth:`grouped_table`, and their headers
     GROUPED_COLUMNS = {"phase": "phase", "mnemonic": "mnemonic", "lines": "lines", "executions": "execs",
-                       "bytes_per_exec": "B/exec", "segments_per_exec": "segs/exec",
-                       "min_segments_per_exec": "min segs/exec", "max_degree": "conflict degree",
+                       "bytes_per_exec": "B/exec", "lines_128B_per_exec": "128B lines/exec",
+                       "min_lines_128B_per_exec": "min lines/exec", "max_degree": "conflict degree",
                        "conflict_cycles": "conflict cycles"}
 
     def grouped_table(self, start: int | None = None, stop: int | None = None, *, phases=None,
                       shapes: bool = True, merge_scalar: bool = True) -> str:
         """:meth:`grouped_summary` as a plain-text table (scalar loads merged by default): per
         row the instruction lines it merges and their executions, then per execution the bytes,
-        the 64-byte segments touched and the fewest possible (global/buffer), or the worst bank
+        the 128-byte lines touched and the fewest possible (global/buffer), or the worst bank
         conflict degree and the conflict cycles of all executions (LDS)."""
         rows = self.grouped_summary(start, stop, phases=phases, shapes=shapes, merge_scalar=merge_scalar)
         cols = [c for c in self.GROUPED_COLUMNS if c != "phase" or phases is not None]

@@ -14,7 +14,7 @@ What goes in
   the body three times and keeps the third.
 * an emulator run of ONE sequence x ONE KV head at two short contexts (whole 256-token tiles,
   ``num_partitions=1``), differenced like ``stage_metrics`` does: per tile and per workgroup the
-  dynamic instruction count by family, bytes and 64-byte segments of K/V (coalescing), LDS bytes
+  dynamic instruction count by family, bytes and 128-byte lines of K/V (coalescing), LDS bytes
   and bank-conflict cycles; what is left over is the workgroup's fixed cost (prologue/epilogue).
 
 How it combines them (per CU, steady state)
@@ -25,7 +25,7 @@ workgroup does one tile) takes::
     round = max(L_tile,                    # one wave's latency-bound tile time (walk above)
                 R * simd_busy,             # issue slots: VALU+MFMA issue, matrix core, scalar, LDS, VMEM
                 R * lds_cycles,            # LDS bandwidth (128 B/clk/CU CDNA3) + conflict cycles (emulator)
-                R * ta_cycles)             # vL1D addresser: one 64-byte segment per clock (coalescing)
+                R * ta_cycles)             # vL1D addresser: one 64-byte request per clock (coalescing)
 
 That is the perfect-overlap form (``CU_CONTENTION = "max"``). The default (``"mva"``) times the round
 as a closed queueing network instead (:func:`mva_round`, exact mean-value analysis): the ``R``
@@ -603,7 +603,7 @@ class Sample:
     contexts: Tuple[int, int]
     m_groups: int                      # workgroups per (sequence, KV head) along grid y
     waves_per_workgroup: int
-    per_tile: Dict[str, float]         # per workgroup per tile: families, bytes, segments, lds
+    per_tile: Dict[str, float]         # per workgroup per tile: families, bytes, 128-byte lines, lds
     fixed: Dict[str, float]            # per workgroup, outside the tiles
     main_asm: str = dataclasses.field(repr=False, default="")
     reduce_asm: str = dataclasses.field(repr=False, default="")
@@ -652,9 +652,10 @@ TA_BYTES_PER_CLK = 64
 
 
 def line_trace(arch: str):
-    """A ``pa_tile.emu.memory.Trace`` that also counts, for vector loads/stores, the distinct
-    128-byte lines each wave instruction touches (``trace.lines``): the coalescing figure the
-    model charges the addresser for (64-byte segments do not see a lane stride of 64-128 bytes).
+    """A ``pa_tile.emu.memory.Trace`` that also totals, for vector loads/stores, the distinct
+    128-byte lines each wave instruction touches (``trace.lines``) and the addresser clocks of
+    ``TA_BYTES_PER_CLK`` (``trace.ta_cycles``): the coalescing figures the model charges the
+    addresser for (the per-wave line count alone does not see a lane stride of 64-128 bytes).
 
     Lines are counted from the base of the tensor an address lies in (``trace.bases``, set per
     launch from its memory regions by :func:`aligned_lines`): GPU tensors start at least 256-byte
@@ -705,12 +706,11 @@ def line_trace(arch: str):
 
 
 def aligned_lines(launch_obj) -> None:
-    """Before a launch runs: give its ``line_trace`` the bases of the launch's memory regions."""
-    import numpy as np
-
+    """Before a launch runs: give its ``line_trace`` the bases of the launch's memory regions
+    (``Trace.set_regions``, which the emulator's own launcher calls too)."""
     tr = launch_obj.trace
-    if tr is not None and hasattr(tr, "bases"):
-        tr.bases = np.array(sorted({int(r[0]) for r in launch_obj.regions}), dtype=np.uint64)
+    if tr is not None and hasattr(tr, "set_regions"):
+        tr.set_regions(launch_obj.regions)
 
 
 def _emulate(ad, shape: DecodeShape, arch: str, context: int, partitions: Optional[int], seed: int,
@@ -743,8 +743,7 @@ def _emulate(ad, shape: DecodeShape, arch: str, context: int, partitions: Option
     for mn, c in trace.counts.items():
         f = _family(mn)
         fam[f] = fam.get(f, 0) + c
-    kv = dict(bytes=0.0, segments=0.0)
-    other = dict(bytes=0.0, segments=0.0, store_bytes=0.0, lines=float(trace.lines),
+    other = dict(bytes=0.0, store_bytes=0.0, lines=float(trace.lines),
                  ta_cycles=float(getattr(trace, "ta_cycles", 0)))
     lds = dict(bytes=0.0, conflict_cycles=0.0)
     for r in trace.summary():
@@ -753,7 +752,6 @@ def _emulate(ad, shape: DecodeShape, arch: str, context: int, partitions: Option
             if store:
                 other["store_bytes"] += r["bytes"]
             other["bytes"] += r["bytes"]
-            other["segments"] += r["segments"]
         elif r["space"] == "lds":
             lds["bytes"] += r["bytes"]
             lds["conflict_cycles"] += r["conflict_cycles"]
@@ -1165,10 +1163,10 @@ def reduce_code(sample: Sample, hw) -> Optional[KernelCode]:
 
 
 def vmem_segments(per_tile: Dict[str, float]) -> float:
-    """Addresser cost of an average vector memory instruction in a sample's tile, in 64-byte
-    segment-clocks: the clocks ``line_trace`` counts per lane group (``TA_BYTES_PER_CLK``), else 2
-    per distinct 128-byte line touched, else the 64-byte segments the trace counts, else 16 (a
-    coalesced wave64 dwordx4; every form gives 16 for it)."""
+    """Addresser cost of an average vector memory instruction in a sample's tile, in clocks of
+    one 64-byte request each ([ROCPROF]'s addresser rate): the clocks ``line_trace`` counts per lane
+    group (``TA_BYTES_PER_CLK``), else 2 per distinct 128-byte line touched, else 16 (a coalesced
+    wave64 dwordx4; every form gives 16 for it)."""
     n = per_tile.get("global", 0.0) + per_tile.get("buffer", 0.0)
     if not n:
         return 16.0
@@ -1176,7 +1174,7 @@ def vmem_segments(per_tile: Dict[str, float]) -> float:
         return per_tile["other_ta_cycles"] / n
     if per_tile.get("other_lines"):
         return 2.0 * per_tile["other_lines"] / n
-    return per_tile["other_segments"] / n if per_tile.get("other_segments") else 16.0
+    return 16.0
 
 
 def _stage_partitions(stage: str, shape: DecodeShape, arch: str, cu_count: int) -> int:

@@ -16,10 +16,11 @@ address (the first active lane's address inside a tensor's storage), so K and V 
 measured apart from block-table and query loads. For K and V:
 
 * ``bytes_per_load``: bytes one wave-wide load instruction requests (active lanes x width);
-* ``segments_per_load``: distinct 64-byte segments one such instruction touches;
-* ``coalescing``: unique bytes used / (64 x segments touched): 1.0 when every byte of every
-  touched segment is wanted, 0.5 when half of each segment is wasted. Lanes that re-read the
-  same bytes do not raise it (unlike ``tracing``'s ``min_segments / segments``);
+* ``lines_128B_per_load``: distinct 128-byte lines (the vL1D / L2 line) one such instruction
+  touches, counted from the start of its tensor (``pa_tile.emu.memory.coalescing_lines``);
+* ``coalescing``: unique bytes used / (128 x lines touched): 1.0 when every byte of every
+  touched line is wanted, 0.5 when half of each line is wasted. Lanes that re-read the
+  same bytes do not raise it (unlike ``tracing``'s ``min_lines_128B / lines_128B``);
 * ``bytes_per_tile``: bytes requested per 256-token tile (ideal: 256 x head_dim per KV head).
 
 LDS: the worst bank-conflict degree of any access (1 = conflict free) and the extra cycles
@@ -125,7 +126,7 @@ def static_metrics(stage: str, arch: str = "gfx942", block_size: int = 16) -> St
 
 
 def _tagged_trace_class():
-    from ..emu.memory import Trace, coalescing_segments
+    from ..emu.memory import Trace, coalescing_lines
 
     class TaggedTrace(Trace):
         """A ``Trace`` that also records which tensor each global access reads and how many
@@ -134,7 +135,7 @@ def _tagged_trace_class():
         def __init__(self, arch: str, regions: Dict[str, Tuple[int, int]]):
             super().__init__(arch)
             self.regions = regions
-            self.tagged: List[Tuple[str, str, bool, int, int, int]] = []  # region, mnemonic, write, bytes, unique, segs
+            self.tagged: List[Tuple[str, str, bool, int, int, int]] = []  # region, mnemonic, write, bytes, unique, lines
 
         def _region(self, addr: int) -> str:
             for name, (lo, hi) in self.regions.items():
@@ -151,8 +152,9 @@ def _tagged_trace_class():
                 return
             a = np.asarray(addrs, dtype=np.uint64)[m]
             unique = np.unique((a[:, None] + np.arange(nbytes, dtype=np.uint64)[None, :]).reshape(-1)).size
-            segs = coalescing_segments(addrs, m, nbytes)
-            self.tagged.append((self._region(int(a[0])), mnemonic, bool(write), int(m.sum()) * nbytes, int(unique), segs))
+            n_lines = coalescing_lines(addrs, m, nbytes, self.bases)
+            self.tagged.append((self._region(int(a[0])), mnemonic, bool(write), int(m.sum()) * nbytes, int(unique),
+                                n_lines))
 
     return TaggedTrace
 
@@ -166,7 +168,7 @@ def _storage_range(t) -> Tuple[int, int]:
 class _Run:
     instructions: int
     families: Dict[str, int]
-    loads: Dict[str, Dict[str, float]]  # region -> executions, bytes, unique, segments
+    loads: Dict[str, Dict[str, float]]  # region -> executions, bytes, unique, lines_128B
     lds_max_degree: int
     lds_accesses: int
     lds_conflict_cycles: int
@@ -189,14 +191,14 @@ def _run_once(ad, arch: str, context: int, block_size: int, seed: int) -> _Run:
     for mn, c in trace.counts.items():
         fam[instruction_family(mn)] += c
     loads: Dict[str, Dict[str, float]] = {}
-    for region, _mn, write, nbytes, unique, segs in trace.tagged:
+    for region, _mn, write, nbytes, unique, n_lines in trace.tagged:
         if write:
             continue
-        r = loads.setdefault(region, dict(executions=0, bytes=0, unique=0, segments=0))
+        r = loads.setdefault(region, dict(executions=0, bytes=0, unique=0, lines_128B=0))
         r["executions"] += 1
         r["bytes"] += nbytes
         r["unique"] += unique
-        r["segments"] += segs
+        r["lines_128B"] += n_lines
     lds = [r for r in trace.summary() if r["space"] == "lds"]
     return _Run(sum(trace.counts.values()), fam, loads, max((r["max_degree"] for r in lds), default=0),
                 sum(r["executions"] for r in lds), sum(r["conflict_cycles"] for r in lds), check)
@@ -222,13 +224,15 @@ class TraceMetrics:
 
 
 def _kv_figures(small: Dict, big: Dict, tiles: int) -> Dict[str, float]:
+    from ..emu.memory import LINE_BYTES
+
     if not big or not big["executions"]:
-        return dict(loads=0, bytes_per_load=0.0, segments_per_load=0.0, coalescing=0.0, bytes_per_tile=0.0)
+        return dict(loads=0, bytes_per_load=0.0, lines_128B_per_load=0.0, coalescing=0.0, bytes_per_tile=0.0)
     small = small or dict(executions=0, bytes=0)
     return dict(
         loads=big["executions"], bytes_per_load=big["bytes"] / big["executions"],
-        segments_per_load=big["segments"] / big["executions"],
-        coalescing=big["unique"] / (64 * big["segments"]),
+        lines_128B_per_load=big["lines_128B"] / big["executions"],
+        coalescing=big["unique"] / (LINE_BYTES * big["lines_128B"]),
         bytes_per_tile=(big["bytes"] - small["bytes"]) / tiles,
     )
 

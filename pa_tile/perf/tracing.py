@@ -1,9 +1,10 @@
 """Memory-access report of one kernel run in the emulator (``pa_tile.emu.memory.Trace``).
 
 Per vector-memory instruction (global_/buffer_): how often it ran, bytes it moved per
-execution (active lanes x access width), 64-byte segments it touched per execution against the
-fewest those bytes could fit in (coalescing efficiency = fewest / touched: 1 when every touched
-segment is fully used, below 1 when accesses straddle or skip segments, above 1 when lanes read
+execution (active lanes x access width), 128-byte lines (the vL1D / L2 line of both targets) it
+touched per execution against the fewest those bytes could fit in (coalescing efficiency = fewest
+/ touched: 1 when every touched line is fully used, below 1 when accesses straddle or skip lines,
+above 1 when lanes read
 overlapping addresses, e.g. a wave-uniform value loaded by every lane). Per LDS instruction: bank-conflict degree (1 =
 conflict free) and the extra cycles conflicts cost. Plus the dynamic instruction mix, and
 dynamic wave-instructions per 256-token tile: all instructions executed by all waves, divided
@@ -62,18 +63,18 @@ class TraceReport:
                     vs_compulsory=loaded / need, vs_visible=loaded / visible)
 
     def totals(self) -> Dict:
-        """Whole-run figures: load bytes and segments, overall efficiency, LDS conflict cycles."""
+        """Whole-run figures: load bytes and 128-byte lines, overall efficiency, LDS conflict cycles."""
         loads = [r for r in self.vmem if r["op"] == "load"]
         stores = [r for r in self.vmem if r["op"] == "store"]
 
         def agg(rows):
-            segs = sum(r["segments"] for r in rows)
-            return (sum(r["bytes"] for r in rows), segs,
-                    (sum(r["min_segments"] for r in rows) / segs) if segs else 1.0)
+            n_lines = sum(r["lines_128B"] for r in rows)
+            return (sum(r["bytes"] for r in rows), n_lines,
+                    (sum(r["min_lines_128B"] for r in rows) / n_lines) if n_lines else 1.0)
 
         lb, ls, le = agg(loads)
         sb, ss, se = agg(stores)
-        return dict(load_bytes=lb, load_segments=ls, load_efficiency=le, store_bytes=sb, store_segments=ss,
+        return dict(load_bytes=lb, load_lines_128B=ls, load_efficiency=le, store_bytes=sb, store_lines_128B=ss,
                     store_efficiency=se, lds_accesses=sum(r["executions"] for r in self.lds),
                     lds_max_degree=max((r["max_degree"] for r in self.lds), default=0),
                     lds_conflict_cycles=sum(r["conflict_cycles"] for r in self.lds),
@@ -95,10 +96,10 @@ class TraceReport:
         if self.check is not None:
             out += [f"check vs reference: {self.check}", ""]
         out.append("vector memory instructions (per execution = one wave instruction):")
-        out.append(format_rows(self.vmem, ["mnemonic", "line", "op", "executions", "bytes_per_exec", "segments_per_exec",
-                                           "min_segments_per_exec", "efficiency"],
-                               headers=dict(bytes_per_exec="bytes/exec", segments_per_exec="64B segs/exec",
-                                            min_segments_per_exec="min segs/exec")))
+        out.append(format_rows(self.vmem, ["mnemonic", "line", "op", "executions", "bytes_per_exec",
+                                           "lines_128B_per_exec", "min_lines_128B_per_exec", "efficiency"],
+                               headers=dict(bytes_per_exec="bytes/exec", lines_128B_per_exec="128B lines/exec",
+                                            min_lines_128B_per_exec="min lines/exec")))
         out += ["", "LDS instructions (conflict degree 1 = conflict free):"]
         out.append(format_rows(self.lds, ["mnemonic", "line", "op", "executions", "bytes_per_exec", "max_degree",
                                           "mean_degree", "conflict_cycles"],
@@ -107,7 +108,7 @@ class TraceReport:
         out += ["", f"scalar memory loads executed: {self.scalar_loads}",
                 f"dynamic wave-instructions: {self.dynamic_instructions} ("
                 + ", ".join(f"{k} {v}" for k, v in self.families.items() if v) + ")",
-                f"global loads: {t['load_bytes']} B in {t['load_segments']} segments, "
+                f"global loads: {t['load_bytes']} B in {t['load_lines_128B']} 128-byte lines, "
                 f"efficiency {t['load_efficiency']:.2f}; LDS conflict cycles {t['lds_conflict_cycles']}"]
         tr = self.traffic()
         if tr is not None:
@@ -155,9 +156,9 @@ def report_from_trace(trace, kernel: str, *, shape: Optional[DecodeShape] = None
         if r["space"] in ("global", "buffer"):
             vmem.append(dict(mnemonic=r["mnemonic"], line=r["line"], space=r["space"], op=_op(r["mnemonic"]),
                              executions=n, bytes=r["bytes"], distinct_bytes=r["distinct_bytes"],
-                             segments=r["segments"], min_segments=r["min_segments"],
-                             bytes_per_exec=r["bytes"] / n, segments_per_exec=r["segments"] / n,
-                             min_segments_per_exec=r["min_segments"] / n, efficiency=r["efficiency"]))
+                             lines_128B=r["lines_128B"], min_lines_128B=r["min_lines_128B"],
+                             bytes_per_exec=r["bytes"] / n, lines_128B_per_exec=r["lines_128B"] / n,
+                             min_lines_128B_per_exec=r["min_lines_128B"] / n, efficiency=r["efficiency"]))
         elif r["space"] == "lds":
             lds.append(dict(mnemonic=r["mnemonic"], line=r["line"], op=_op(r["mnemonic"]), executions=n,
                             bytes=r["bytes"], bytes_per_exec=r["bytes"] / n, max_degree=r["max_degree"],
