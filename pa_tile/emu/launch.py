@@ -1126,10 +1126,18 @@ def build_shim(cache_dir: Optional[Path] = None) -> Path:
     The file name carries a hash of the source and flags, so a changed source never reuses a
     stale build; the source folder is only read (it may be read-only).
     """
-    src = SHIM_SOURCE.read_bytes()
-    key = hashlib.sha256(src + repr((_CFLAGS, platform.machine(), sys.platform)).encode()).hexdigest()[:16]
+    return build_c_library(SHIM_SOURCE, "shim", "the emulator runtime shim", cache_dir=cache_dir)
+
+
+def build_c_library(source: Path, stem: str, what: str, extra_flags: Sequence[str] = (),
+                    cache_dir: Optional[Path] = None) -> Path:
+    """Compile one C file of ``_shim/`` into ``<cache>/<stem>-<hash>.so`` (once per source and
+    flags; see :func:`build_shim`) and return its path."""
+    src = Path(source).read_bytes()
+    flags = (*_CFLAGS, *extra_flags)
+    key = hashlib.sha256(src + repr((flags, platform.machine(), sys.platform)).encode()).hexdigest()[:16]
     out_dir = Path(cache_dir) if cache_dir is not None else _cache_dir()
-    out = out_dir / f"shim-{key}.so"
+    out = out_dir / f"{stem}-{key}.so"
     if out.exists():
         return out
     cc = _c_compiler()
@@ -1137,12 +1145,12 @@ def build_shim(cache_dir: Optional[Path] = None) -> Path:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise EmuSetupError(f"cannot create the shim cache folder {out_dir} ({e}); set PA_TILE_CACHE_DIR") from e
-    fd, tmp = tempfile.mkstemp(prefix=".shim-", suffix=".so", dir=out_dir)
+    fd, tmp = tempfile.mkstemp(prefix=f".{stem}-", suffix=".so", dir=out_dir)
     os.close(fd)
     try:
-        proc = subprocess.run([cc, *_CFLAGS, "-o", tmp, str(SHIM_SOURCE)], capture_output=True, text=True)
+        proc = subprocess.run([cc, *flags, "-o", tmp, str(source), "-lm"], capture_output=True, text=True)
         if proc.returncode != 0:
-            raise EmuSetupError(f"building the emulator runtime shim with {cc} failed:\n{proc.stderr}")
+            raise EmuSetupError(f"building {what} with {cc} failed:\n{proc.stderr}")
         os.replace(tmp, out)  # atomic: concurrent builders each publish a complete file
     finally:
         if os.path.exists(tmp):
