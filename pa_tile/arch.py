@@ -32,19 +32,22 @@ class ArchInfo:
 
     name: str
     product: str
-    fp8_format: str  # "fnuz" | "ocp"
-    cu_count: int
-    lds_per_cu: int  # bytes a CU's workgroups can share (CDNA3: 64 KiB, CDNA4: 160 KiB)
-    lds_per_workgroup: int  # bytes one workgroup may allocate (both targets: all of the CU's LDS)
+    fp8_format: str  # "fnuz" | "ocp" (CDNA3 ISA guide §7.2, CDNA4 §7.3)
+    cu_count: int  # MI300X data sheet 304, MI355X data sheet 256
+    #: bytes a CU's workgroups can share: CDNA3 white paper 64 KiB, CDNA4 white paper 160 KiB
+    lds_per_cu: int
+    lds_per_workgroup: int  # bytes one workgroup may allocate (both: all of the CU's LDS; LLVM's LDS-size tests)
     lds_granule: int  # bytes LDS is allocated in (LLVM getLdsDwGranularity: 128 / 320 dwords)
-    lds_banks: int  # 4-byte banks (CDNA3 32, CDNA4 64)
-    wave_size: int = 64
-    simds_per_cu: int = 4
-    max_waves_per_simd: int = 8
-    vgprs_per_lane: int = 512  # VGPR + AGPR, one unified file on gfx90a and later
-    vgpr_granule: int = 8
-    sgprs_per_simd: int = 800
-    sgpr_granule: int = 16
+    #: 4-byte banks: CDNA3 32 (CDNA3 ISA guide, LDS chapter), CDNA4 64 (CDNA4 white paper; measured
+    #: on MI350X, see pa_tile.emu.memory's bank-conflict notes)
+    lds_banks: int
+    wave_size: int = 64  # wave64 only (CDNA has no wave32)
+    simds_per_cu: int = 4  # CDNA3/CDNA4 white papers: 4 SIMD units per CU
+    max_waves_per_simd: int = 8  # LLVM AMDGPU getMaxWavesPerEU for gfx90a and later
+    vgprs_per_lane: int = 512  # VGPR + AGPR, one unified file on gfx90a and later (LLVM AMDGPUUsage)
+    vgpr_granule: int = 8  # LLVM getVGPRAllocGranule (gfx90a and later, wave64)
+    sgprs_per_simd: int = 800  # LLVM getTotalNumSGPRs (GFX8 and later)
+    sgpr_granule: int = 16  # LLVM getSGPRAllocGranule (GFX8 and later)
     max_workgroups_per_cu: int = 16  # barrier slots (LLVM getMaxWorkGroupsPerCU)
 
     @property
