@@ -174,3 +174,62 @@ def test_unknown_engine_is_refused(monkeypatch):
     monkeypatch.setenv("PA_TILE_EMU_ENGINE", "turbo")
     with pytest.raises(ValueError, match="engine"):
         decode_kernel(_program("s_nop 0", "gfx942"), "k", "gfx942")
+
+
+# --------------------------------------------------------------------------- MUBUF loads
+
+def _buffer_case(body, arch, engine, offsets, exec_mask, num_records, tensors, soffset=8, base_skip=64):
+    """One buffer load over a 4 KiB tensor whose V# starts *base_skip* bytes in; returns the
+    wave, the memory, and the fault message if it faulted."""
+    from pa_tile.emu import GlobalMemory, MemoryFault
+    from pa_tile.emu.memory import encode_vsharp
+
+    data, other = tensors
+    mem = GlobalMemory([(data.data_ptr(), 4096, "data"), (other.data_ptr(), 1024, "other")])
+    w = Wave(arch)
+    w.v[1] = offsets
+    w.v[4:8] = 0xDEADBEEF
+    w.s[8:12] = encode_vsharp(data.data_ptr() + base_skip, num_records)
+    w.s[4] = soffset
+    w.exec = exec_mask
+    w.mem = mem
+    fault = None
+    try:
+        run_wave(_program(body, arch), w, arch=arch, engine=engine)
+    except MemoryFault as e:
+        fault = str(e)
+    return w, mem, fault
+
+
+BUFFER_FORMS = ["buffer_load_dword v4, v1, s[8:11], 0 offen", "buffer_load_dwordx2 v[4:5], v1, s[8:11], s4 offen",
+                "buffer_load_dwordx3 v[4:6], v1, s[8:11], s4 offen offset:12",
+                "buffer_load_dwordx4 v[4:7], v1, s[8:11], s4 offen offset:16",
+                "buffer_load_dwordx4 v[1:4], v1, s[8:11], 0 offen",
+                "buffer_load_dwordx2 v[4:5], off, s[8:11], s4 offset:40",
+                "buffer_load_dword v4, v1, s[8:11], 4 offen glc"]
+
+
+@pytest.mark.parametrize("body", BUFFER_FORMS)
+def test_fast_buffer_load_equals_reference(body):
+    import torch
+
+    tensors = torch.arange(1024, dtype=torch.int32), torch.full((256,), -7, dtype=torch.int32)
+    rng = np.random.default_rng(3)
+    lanes = np.arange(64, dtype=np.uint32)
+    cases = [(lanes * 16, (1 << 64) - 1, 4000),            # in range: the fast path
+             (lanes * 16, 0x00FF_00FF_F0F0_0F0F, 4000),    # a partial EXEC
+             (lanes * 64, (1 << 64) - 1, 2000),            # the upper lanes past num_records (read 0)
+             (lanes * 64, 0xFFFF_FFFF, 2000),              # ... but they are off
+             (rng.integers(0, 3900, 64).astype(np.uint32) & np.uint32(0xFFFFFFFC), (1 << 64) - 1, 4000),
+             (lanes * 16 + np.uint32(0xFFFFFFF0), (1 << 64) - 1, 4000),   # wrapped offsets
+             (lanes * 16, 0, 4000),                        # no lane on
+             (lanes * 80, (1 << 64) - 1, 1 << 20),         # past the tensor: a fault
+             (lanes * 16, (1 << 64) - 1, 1 << 20)]
+    for offsets, ex, nrec in cases:
+        for skip in (64, -64):                            # a base inside / below the tensor
+            got = []
+            for engine in ("fast", "reference"):
+                w, mem, fault = _buffer_case(body, "gfx942", engine, offsets, ex, nrec, tensors, base_skip=skip)
+                got.append((w.v[:8].copy(), mem._last, fault))
+            assert np.array_equal(got[0][0], got[1][0]), (body, hex(ex), nrec, skip)
+            assert got[0][1:] == got[1][1:], (body, hex(ex), nrec, skip)

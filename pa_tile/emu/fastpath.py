@@ -45,6 +45,7 @@ def lib() -> Optional[ctypes.CDLL]:
         "pa_pk_fma_f32": (P, P, I, I64, I64, I64, I),
         "pa_cvt_pk_8": (P, P, I, I64, I64, I, I),
         "pa_mfma_fp8": (P, I, I, I, I, I, I, I, U, P, I),
+        "pa_buffer_load": (P, P, I, I, I, U, I64, I, P, P, I),
     }
     for name, args in sigs.items():
         f = getattr(dll, name)
@@ -73,4 +74,16 @@ def pointers(w):
     if not (_usable(v, _V_SHAPE) and _usable(s, _S_SHAPE)):
         return None
     c = w.cptr = (v, s, v.ctypes.data, s.ctypes.data)
+    return c
+
+
+def spans(mem):
+    """``(bases, ends, bases_address, ends_address, count)`` of a ``GlobalMemory``'s region
+    spans, cached on it and refreshed when its regions change (``add_region`` makes new arrays)."""
+    c = mem.__dict__.get("_fast_spans")
+    b, e = mem._bases, mem._ends
+    if c is None or c[0] is not b or c[1] is not e:
+        b, e = np.ascontiguousarray(b, np.uint64), np.ascontiguousarray(e, np.uint64)
+        c = (mem._bases, mem._ends, b.ctypes.data, e.ctypes.data, len(b), b, e)
+        mem.__dict__["_fast_spans"] = c
     return c

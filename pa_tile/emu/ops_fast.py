@@ -201,3 +201,47 @@ def _exp(ctx, ref):
         else:
             return ref(w)
     return h
+
+
+_DWORD_LOADS = {"buffer_load_dword": 1, "buffer_load_dwordx2": 2, "buffer_load_dwordx3": 3, "buffer_load_dwordx4": 4}
+
+
+@_fast(*_DWORD_LOADS)
+def _buffer_load(ctx, ref):
+    """Untraced MUBUF dword loads whose every active lane is in range and inside the region the
+    V#'s base points into (the sanitizer's verdict for them: pass); anything else, the reference."""
+    from .memory import GlobalMemory
+
+    m = ctx.mods
+    if set(m) - {"offset", "offen", "glc", "slc", "nt", "sc0", "sc1"}:
+        return ref
+    dst_o, vaddr, srsrc, soffset = ctx.ops
+    offen = bool(m.get("offen"))
+    if offen and (vaddr.kind != "v" or vaddr.count != 1):
+        return ref
+    if soffset.kind == "imm":
+        soff = 2 | (const_bits(soffset, "b32") << 32)
+    elif soffset.kind == "s" and soffset.count == 1:
+        soff = 1 | (soffset.index << 8)
+    else:
+        return ref
+    dst, nregs, ri = ctx.vrow(dst_o), _DWORD_LOADS[ctx.base], srsrc.index
+    vrow = vaddr.index if offen else -1
+    inst = int(m.get("offset", 0)) & 0xFFFFFFFF
+    fn = fastpath.lib().pa_buffer_load
+    pointers, spans = fastpath.pointers, fastpath.spans
+
+    def h(w):
+        mem = w.mem
+        if w.trace is None and type(mem) is GlobalMemory and not mem.overread:
+            c = pointers(w)
+            if c is not None:
+                sp = spans(mem)
+                r = fn(c[2], c[3], dst, nregs, vrow, inst, soff, ri, sp[2], sp[3], sp[4])
+                if r >= 0:
+                    mem._last = r      # what memory.GlobalMemory._resolve remembers
+                    return
+                if r == -2:
+                    return
+        return ref(w)
+    return h
