@@ -42,8 +42,10 @@ def test_the_fast_engine_really_runs_its_fast_paths():
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("stage", ["s1", "s2", "s3", "s4", "s5", "s6"])
 def test_stage_kernels_give_identical_bytes_and_traces(stage, arch):
-    # two sequences of different lengths: different loop trip counts, a partial last tile
-    c = emu_speed.compare(arch, stage, num_seqs=2, num_q_heads=8, context=[37, 70], engines=ENGINES)
+    # two sequences of different lengths: different loop trip counts, a partial last tile; the
+    # finished kernel long enough to split a sequence into several partitions for its reduce
+    context = [37, 700] if stage == "s6" else [37, 70]
+    c = emu_speed.compare(arch, stage, num_seqs=2, num_q_heads=8, context=context, engines=ENGINES)
     assert c.identical, f"{stage} {arch}: the engines differ"
     assert all(r.ok for r in c.results.values())
     assert c.results["fast"].instructions == c.results["reference"].instructions > 1000
@@ -59,6 +61,10 @@ def test_trace_comparison_notices_a_difference():
     assert not emu_speed.same_trace(a, other, 1)
     buffer_moved = a[:4] + ([(1, 0, "s_buffer_load_dword", 3, 164, 4)],)
     assert not emu_speed.same_trace(a, buffer_moved, 1)
+    in_tensor = a[:4] + ([(1, 0, "s_load_dword", 3, ("offsets", 4), 4)],)
+    assert emu_speed.same_trace(in_tensor, in_tensor, 1)
+    other_offset = a[:4] + ([(1, 0, "s_load_dword", 3, ("offsets", 8), 4)],)
+    assert not emu_speed.same_trace(in_tensor, other_offset, 1)
 
 
 # --------------------------------------------------------------------------- the sanitizer

@@ -125,19 +125,28 @@ def _launcher(stage: str, case):
                               case.v_scale)
 
 
-def _trace_state(trace) -> tuple:
-    """Everything a trace recorded, for comparing two runs (:func:`same_trace`)."""
-    return (trace.seq, sorted(trace.counts.items()), trace.global_records, trace.lds_records,
-            trace.scalar_records)
+def _trace_state(trace, regions=()) -> tuple:
+    """Everything a trace recorded, for comparing two runs (:func:`same_trace`). Scalar loads
+    carry an address: one inside a launch's tensor (*regions*: ``(base, nbytes, name)``) becomes
+    ``(name, offset)``, since host code may allocate a small tensor afresh for every call."""
+    def where(addr):
+        for b, n, name in regions:
+            if b <= addr < b + n:
+                return (name, addr - b)
+        return addr
+
+    scalar = [r[:4] + (where(r[4]),) + r[5:] for r in trace.scalar_records]
+    return (trace.seq, sorted(trace.counts.items()), trace.global_records, trace.lds_records, scalar)
 
 
 def same_trace(a: tuple, b: tuple, launches: int) -> bool:
     """Whether two :func:`_trace_state` s of the same launches record the same thing.
 
     Every count and every vector (global, buffer, LDS) record must be equal. Scalar records must
-    be equal but for their address, which may differ by one constant per launch: each launch
-    copies its kernarg segment to a fresh buffer (``machine.run_kernel``), so the ``s_load`` s of
-    the arguments read the same offsets at another address. At most *launches* distinct
+    be equal but for an address outside the launch's tensors, which may differ by one constant
+    per launch: each launch copies its kernarg segment to a fresh buffer
+    (``machine.run_kernel``), so the ``s_load`` s of the arguments read the same offsets at
+    another address. At most *launches* distinct
     nonzero differences are allowed, each only on ``s_load`` records."""
     if a[:4] != b[:4] or len(a[4]) != len(b[4]):
         return False
@@ -147,7 +156,8 @@ def same_trace(a: tuple, b: tuple, launches: int) -> bool:
         addr = [i for i, (x, y) in enumerate(zip(ra, rb)) if x != y]
         if not addr:
             continue
-        if len(addr) != 1 or not str(ra[2]).startswith("s_load"):
+        if len(addr) != 1 or not str(ra[2]).startswith("s_load") or not isinstance(ra[addr[0]], int) \
+                or not isinstance(rb[addr[0]], int):
             return False
         deltas.add(ra[addr[0]] - rb[addr[0]])
     return len(deltas) <= launches
@@ -200,10 +210,10 @@ def compare(arch: str = "gfx942", stage: str = "s2", num_seqs: int = 3, num_q_he
     for e in engines:
         out.view(torch.uint8).fill_(0xFF)     # poison: an engine that wrote nothing cannot pass
         trace = Trace(arch)
-        with _engine(e), launch.launch_options(trace=trace):
+        with _engine(e), launch.launch_options(trace=trace), launch.record_launches() as traced:
             call(*args, out=out, arch=arch)
         outs.append(out.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
-        traces.append(_trace_state(trace))
+        traces.append(_trace_state(trace, [r for x in traced for r in x.regions]))
         instructions = sum(trace.counts.values())
         ok, _ = within_bound(out, ref, bound)
         wall = min(walls[e])
