@@ -1,6 +1,8 @@
 """pa_tile: an fp8 paged-attention decode kernel for AMD Instinct GPUs, built step by step in FlyDSL.
 
-Submodules (imported on demand, so ``import pa_tile`` stays cheap):
+``import pa_tile`` registers the PyTorch op ``torch.ops.pa_tile.paged_decode`` (``torch_ops``: it
+imports torch, nothing else of pa_tile's). The submodules load on first use, so the import stays
+cheap:
 ``arch`` (gfx942/gfx950 facts), ``problem`` (the one validation step), ``kernel_lib`` (the
 device helpers the chapters share), ``launching`` (compile once, launch on the tensors' device and
 stream), ``api`` (``plan``/``paged_decode``/the torch op), ``toolchain`` (compile on a CPU),
@@ -16,8 +18,10 @@ __version__ = "0.1.0"
 
 import importlib as _importlib
 
+from . import torch_ops  # noqa: F401  (registers torch.ops.pa_tile.paged_decode and its fake)
+
 _SUBMODULES = ("toolchain", "isa", "reference", "cache", "emu", "backend", "stages", "perf", "upstream", "tiny_kernels",
-               "arch", "fp8", "problem", "kernel_lib", "launching", "api", "show", "progress", "figures")
+               "arch", "fp8", "problem", "kernel_lib", "launching", "api", "show", "progress", "figures", "torch_ops")
 
 
 #: the finished kernel's API, re-exported lazily from ``pa_tile.api``

@@ -379,7 +379,9 @@ def cmd_overhead(args) -> int:
     result = overhead.measure(calls=args.calls, repeats=args.repeats, arch=args.arch)
     if args.json:
         print(json.dumps({"us": result.us, "ratios": result.ratios, "stub": result.stub,
-                          "targets": overhead.TARGETS, "met": result.meets_targets()}, indent=1))
+                          "targets": overhead.TARGETS,
+                          "op_to_direct": result.op_to_direct, "op_to_direct_target": overhead.OP_TO_DIRECT,
+                          "met": result.meets_targets()}, indent=1))
     else:
         print(result.report())
     return EXIT_OK if result.meets_targets() else EXIT_FAIL

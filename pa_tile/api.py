@@ -14,10 +14,11 @@ host sync), then launches chapter 5's kernel (and chapter 6's reduce when split)
 ``pa_tile.launching`` (compiled once, on torch's current stream). With ``out=`` given ``run``
 allocates nothing, so it can be captured in a CUDA/HIP graph. ``paged_decode`` is the one-shot call built on the same pieces.
 
-``torch.ops.pa_tile.paged_decode`` (``torch.library.custom_op``, mutating ``out`` and
-``workspace``) is what ``paged_decode`` and ``run`` call while PyTorch traces them
-(``torch.compile``, ``FakeTensorMode``), so user code calling them compiles; in eager mode they
-call the same implementation directly, skipping the op dispatcher's host cost.
+``torch.ops.pa_tile.paged_decode`` (``pa_tile.torch_ops``, registered by ``import pa_tile``) is
+what ``paged_decode`` and ``run`` call while PyTorch traces them (``torch.compile``,
+``FakeTensorMode``): they hand it their arguments as given, and the op plans and launches outside
+the traced region (``op_impl``), so user code calling them compiles with the default arguments;
+in eager mode they call the same implementation directly.
 """
 
 from __future__ import annotations
@@ -34,8 +35,15 @@ __all__ = ["plan", "Plan", "paged_decode", "make_workspace", "workspace_size", "
 
 #: what the finished kernel supports (chapter 6's stage limits)
 LIMITS = s6.LIMITS
-workspace_size = s6.workspace_size
 choose_num_partitions = s6.choose_num_partitions
+
+
+def workspace_size(num_seqs, num_kv_heads, group, query_length, head_dim, num_partitions, schedule=None) -> int:
+    """float32 elements of the workspace of a call with these shapes, ``num_partitions`` and
+    ``schedule``; ``None`` is the call's own default (``s6.choose_schedule``: balanced for a split),
+    so a workspace sized with the defaults serves a call made with the defaults."""
+    return s6.workspace_size(num_seqs, num_kv_heads, group, query_length, head_dim, num_partitions,
+                             s6.choose_schedule(num_partitions, schedule))
 
 
 def _partitions(p: problem.Problem, num_partitions, m_tiles) -> int:
@@ -88,9 +96,11 @@ def _codes(cache):
 def _tracing(t) -> bool:
     """PyTorch is tracing (torch.compile) or the tensors are fakes: go through the op. Under a
     simulated GPU fake tensors take the real path, whose launch boundary checks them."""
+    if torch.compiler.is_compiling():
+        return True
     from torch._subclasses.fake_tensor import FakeTensor
 
-    return torch.compiler.is_compiling() or (isinstance(t, FakeTensor) and backend.simulated_gpu() is None)
+    return isinstance(t, FakeTensor) and backend.simulated_gpu() is None
 
 
 class Pipeline:
@@ -169,7 +179,7 @@ class Plan:
             p = self.problem
             torch.ops.pa_tile.paged_decode(query, key_cache, value_cache, self.block_tables, self.context_lengths,
                                            ks, vs, out, self.workspace, p.softmax_scale, p.sliding_window,
-                                           p.query_length, self.num_partitions, self.m_tiles or 0, p.arch,
+                                           p.query_length, self.num_partitions, self.m_tiles, p.arch,
                                            self.schedule, self.chunk_tiles)
         else:
             self._launch(query, key_cache, value_cache, ks, vs, out)
@@ -328,9 +338,12 @@ def paged_decode(query, key_cache, value_cache, block_tables, context_lengths, k
     launch; values (context lengths, page ids, scale values) only for CPU tensors, where reading
     them is free; use ``plan(..., check_values=True)`` to check them once on a GPU.
     """
+    if _tracing(query):  # torch.compile / fake tensors: the op plans outside the traced region
+        return _via_op(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale,
+                       softmax_scale, sliding_window, query_length, out, workspace, num_partitions, m_tiles, arch,
+                       schedule)
     tensors = (query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale, workspace)
-    key = None if _tracing(query) else _call_key(tensors, (softmax_scale, sliding_window, query_length,
-                                                           num_partitions, m_tiles, arch, schedule))
+    key = _call_key(tensors, (softmax_scale, sliding_window, query_length, num_partitions, m_tiles, arch, schedule))
     pl = _plans.get(key) if key is not None else None
     if pl is None:
         pl = plan(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale,
@@ -345,9 +358,31 @@ def paged_decode(query, key_cache, value_cache, block_tables, context_lengths, k
     else:
         # the same call as before, by every tensor's metadata and memory: only the values may differ
         if query.device.type == "cpu":
-            problem.check_values(pl.problem, block_tables, context_lengths, key_scale, value_scale)
-        pl.refresh()  # a balanced split's work follows the lengths' values (key None while tracing)
+            problem.check_values(pl.problem, block_tables, context_lengths, key_scale, value_scale, query)
+        pl.refresh()  # a balanced split's work follows the lengths' values
     return pl.run(query, key_cache, value_cache, out=out)
+
+
+def _scale_tensor(x, name, device):
+    """A Python number as the float32 ``[1]`` tensor the op takes; a tensor as it is."""
+    if isinstance(x, (int, float)) and not isinstance(x, bool):
+        return torch.full((1,), float(x), dtype=torch.float32, device=device)
+    return problem.need_tensor(x, name)
+
+
+def _via_op(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale, softmax_scale,
+            sliding_window, query_length, out, workspace, num_partitions, m_tiles, arch, schedule):
+    """``paged_decode`` while PyTorch traces: the arguments as given into the op (``op_fake``
+    validates them at trace time, ``op_impl`` plans and launches at run time)."""
+    problem.need_tensor(query, "query")
+    if out is None:
+        out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
+    torch.ops.pa_tile.paged_decode(query, key_cache, value_cache, block_tables, context_lengths,
+                                   _scale_tensor(key_scale, "key_scale", query.device),
+                                   _scale_tensor(value_scale, "value_scale", query.device), out, workspace,
+                                   softmax_scale, sliding_window, query_length, num_partitions, m_tiles, arch,
+                                   schedule)
+    return out
 
 
 _plans: dict = {}
@@ -389,39 +424,64 @@ def make_workspace(query, key_cache, block_tables, *, query_length=None, num_par
 
 
 # ---------------------------------------------------------------------------------------------
-# the PyTorch op
+# the PyTorch op (registered in pa_tile.torch_ops; these are its implementations)
 
-_op_problems: dict = {}
+_op_plans: dict = {}
 
 
-@torch.library.custom_op("pa_tile::paged_decode", mutates_args=("out", "workspace"))
-def _paged_decode_op(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-                     block_tables: torch.Tensor, context_lengths: torch.Tensor, key_scale: torch.Tensor,
-                     value_scale: torch.Tensor, out: torch.Tensor, workspace: torch.Tensor, softmax_scale: float,
-                     sliding_window: int, query_length: int, num_partitions: int, m_tiles: int,
-                     arch: str, schedule: str = "", chunk_tiles: int = 0) -> None:
-    key = tuple((t.shape, t.dtype, t.device, t.stride()) for t in (query, key_cache, value_cache, block_tables,
-                                                                    context_lengths, key_scale, value_scale, out,
-                                                                    workspace))
-    key += (softmax_scale, sliding_window, query_length, num_partitions, m_tiles, arch, schedule, chunk_tiles,
-            workspace.data_ptr())
-    pl = _op_problems.get(key)
+def _op_options(softmax_scale, sliding_window, query_length, num_partitions, m_tiles, arch, schedule, chunk_tiles):
+    return dict(softmax_scale=softmax_scale, sliding_window=sliding_window, query_length=query_length,
+                num_partitions=num_partitions, m_tiles=m_tiles, arch=arch, schedule=schedule, chunk_tiles=chunk_tiles)
+
+
+def op_impl(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale, out,
+            workspace=None, softmax_scale=None, sliding_window=0, query_length=None, num_partitions=None,
+            m_tiles=None, arch=None, schedule=None, chunk_tiles=None) -> None:
+    """``torch.ops.pa_tile.paged_decode`` on real tensors: plan (once per shapes, options and
+    workspace), then launch into ``out``. The plan is keyed by metadata, not memory: the block
+    tables, lengths and scales of each call are the ones launched with."""
+    opts = _op_options(softmax_scale, sliding_window, query_length, num_partitions, m_tiles, arch, schedule,
+                       chunk_tiles)
+    tensors = (query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale, out)
+    key = None
+    if workspace is not None:  # a plan owning its workspace is not shared (streams could overlap on it)
+        key = tuple((t.shape, t.dtype, t.device, t.stride()) for t in tensors) + tuple(opts.values()) + (
+            workspace.data_ptr(), workspace.numel())
+    pl = _op_plans.get(key) if key is not None else None
     if pl is None:
         pl = plan(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale,
-                  softmax_scale=softmax_scale, sliding_window=sliding_window, query_length=query_length,
-                  workspace=workspace, num_partitions=num_partitions, m_tiles=m_tiles or None, arch=arch,
-                  check_values=False, schedule=schedule or None,  # "": the default schedule
-                  chunk_tiles=chunk_tiles or None)
-        _op_problems[key] = pl
+                  workspace=workspace, **opts)
+        if key is not None:
+            if len(_op_plans) >= _MAX_PLANS:
+                _op_plans.pop(next(iter(_op_plans)))
+            _op_plans[key] = pl
     else:
+        if query.device.type == "cpu":
+            problem.check_values(pl.problem, block_tables, context_lengths, key_scale, value_scale, query)
         pl.block_tables, pl.context_lengths = block_tables, context_lengths
         pl.refresh()
-    pl._launch(query, key_cache, value_cache, key_scale.reshape(-1) if key_scale.numel() == 1 else key_scale,
-               value_scale.reshape(-1) if value_scale.numel() == 1 else value_scale, out)
+    problem.output(pl.problem, query, out)
+    pl._launch(query, key_cache, value_cache, pl._scale(key_scale, "key_scale"),
+               pl._scale(value_scale, "value_scale"), out)
 
 
-@_paged_decode_op.register_fake
-def _(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale, out, workspace,
-      softmax_scale, sliding_window, query_length, num_partitions, m_tiles, arch, schedule="",
-      chunk_tiles=0) -> None:
-    return None
+def op_fake(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale, out,
+            workspace=None, softmax_scale=None, sliding_window=0, query_length=None, num_partitions=None,
+            m_tiles=None, arch=None, schedule=None, chunk_tiles=None) -> None:
+    """The op on fake tensors (trace time): every metadata check of the call, no value read,
+    nothing launched; a bad argument raises here, named, as the eager call would. Under symbolic
+    shapes (dynamic compilation) the checks wait for the real call, which makes them all before
+    it launches."""
+    tensors = (query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale, out, workspace)
+    if not all(isinstance(d, int) for t in tensors if t is not None for d in t.shape):
+        return
+    p = _describe(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale,
+                  softmax_scale=softmax_scale, sliding_window=sliding_window, query_length=query_length,
+                  m_tiles=m_tiles, arch=arch, check_values=False)
+    problem.output(p, query, out)
+    parts = _partitions(p, num_partitions, m_tiles)
+    sched = s6.choose_schedule(parts, schedule)
+    if workspace is not None:
+        _workspace(p, parts, m_tiles, workspace, sched)
+    if chunk_tiles is not None:
+        problem.int_option(chunk_tiles, "chunk_tiles", 1, 1 << 20)

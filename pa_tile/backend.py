@@ -174,17 +174,26 @@ _simulated = None  # a SimulatedGPU while simulate_gpu() is active
 
 def device_arch(device) -> Optional[str]:
     """The gfx arch of a GPU ``device`` (``torch.device``, str or tensor), or ``None`` for the CPU
-    (where the emulator runs whatever arch is asked for)."""
+    (where the emulator runs whatever arch is asked for) and for a ``cuda`` device this PyTorch
+    cannot see (fake tensors traced on a CPU-only build: there is no GPU to ask, so the call
+    takes the arch it is given, else the emulator's default, as for CPU tensors)."""
     import torch
 
     if isinstance(device, torch.Tensor):
         device = device.device
     device = torch.device(device)
-    if device.type != "cuda":
+    if device.type != "cuda" or not _gpu_visible():
         return None
     if _simulated is not None:
         return _simulated.arch
     return torch.cuda.get_device_properties(_index(device)).gcnArchName.split(":", 1)[0]
+
+
+def _gpu_visible() -> bool:
+    """A GPU answers for ``cuda`` devices: a simulated one, or one this PyTorch build can see."""
+    import torch
+
+    return _simulated is not None or torch.cuda.is_available()
 
 
 def _index(device) -> int:
@@ -201,13 +210,13 @@ def _index(device) -> int:
 def cu_count(device, arch: str) -> int:
     """Compute units of ``device``: the GPU's own count (MI300A, MI308X and MI325X differ from
     MI300X), or for CPU tensors the flagship part of ``arch`` (``pa_tile.arch``) the emulator
-    stands in for."""
+    stands in for (also for a ``cuda`` device this PyTorch cannot see: see ``device_arch``)."""
     import torch
 
     from . import arch as _arch
 
     device = torch.device(device)
-    if device.type != "cuda":
+    if device.type != "cuda" or not _gpu_visible():
         return _arch.info(arch).cu_count
     if _simulated is not None:
         return _simulated.cu_count

@@ -16,12 +16,19 @@ sync for GPU tensors, so ``describe`` runs it only where it is free unless asked
 (``check_values=True``); ``pa_tile.plan`` lets the caller choose.
 
 Scales: each is a Python number or a float32 tensor, ``[1]`` (per tensor) or ``[num_blocks,
-num_kv_heads, block_size]`` (per token); both must be of the same kind. Zero, negative or
-non-finite scales are refused (a zero key scale turns masked scores into 0·-inf = NaN; a negative
-one breaks the max the softmax takes before scaling). The kernels round P to fp8 right after an
-exp2 whose argument is computed in float32: scores (``softmax_scale · q·k`` in log2 units) beyond
-about 2^18 in magnitude lose enough of float32 to let that rounding overflow fp8; that bound
-depends on the data, is not checked, and is far above any real attention's scores.
+num_kv_heads, block_size]`` (per token); both must be of the same kind. A per-tensor scale must be
+finite and > 0 (a zero key scale makes every score 0, and masked scores 0·-inf = NaN). Per-token
+scales are read only where the kernel reads them, at the tokens inside each sequence's context:
+there each must be finite and >= 0 (0 is the scale of an all-zero token, which the kernel computes
+right); slots past a context are unwritten in a serving cache and may hold anything.
+
+Score range: the kernels round P to fp8 after ``exp_shift``, whose margin grows with the row's
+largest score |m| (log2 units, softmax scale applied): 2^(-|m|·2^-21) of P's range, so at |m| = 2^24
+the top P is 2^-8 of FP8_MAX (still a normal fp8 number), and near 2^25 every P underflows and the
+output is 0/0. :func:`check_values` bounds |m| from the data
+the kernel reads (``softmax_scale · log2 e · max key scale · FP8_MAX · max_row ||q||_1``) and refuses
+a call whose bound passes :data:`MAX_SCORE_LOG2`, so no silent NaN reaches the output; real
+attention's bound sits near 2^6..2^12.
 """
 
 from __future__ import annotations
@@ -36,7 +43,8 @@ from pa_tile import arch as _arch
 
 __all__ = ["Limits", "Problem", "describe", "check_values", "check_scales", "resolve_arch", "need_tensor",
            "scale_tensors", "output",
-           "int_option", "K_LAYOUTS", "V_LAYOUTS", "QUERY_DTYPES", "MAX_SLIDING_WINDOW", "LOG2E"]
+           "int_option", "K_LAYOUTS", "V_LAYOUTS", "QUERY_DTYPES", "MAX_SLIDING_WINDOW", "LOG2E",
+           "MAX_SCORE_LOG2"]
 
 LOG2E = 1.4426950408889634
 #: torch dtype -> the kernels' name for it
@@ -51,6 +59,10 @@ _OFFSET_LIMIT = 2**31
 #: the smallest positive normal float32: a score scale below it flushes to zero in the kernel
 _F32_TINY = 2.0**-126
 _F32_MAX = 3.4028234663852886e38
+#: the largest bound on |score| (log2 units) a call may have: ``exp_shift``'s margin is |m|·2^-21
+#: of P's exponent, so up to here the top P is at least 2^-8·FP8_MAX, a normal fp8 number (0.94 in
+#: FNUZ, whose smallest normal is 2^-7; 1.75 in OCP); see the module docstring
+MAX_SCORE_LOG2 = 2.0**24
 
 
 @dataclasses.dataclass(frozen=True)
@@ -221,7 +233,7 @@ def _scale_kind(x, name: str, device, per_token_shape, limits: Limits) -> bool:
         raise TypeError(f"{name}: expected a float or a float32 tensor, got {type(x).__name__}")
     if not isinstance(x, torch.Tensor):
         if not (math.isfinite(x) and x > 0):
-            raise ValueError(f"{name}: must be finite and > 0, got {x}")
+            raise ValueError(f"{name}: a per-tensor scale must be finite and > 0, got {x}")
         return False
     if x.dtype != torch.float32:
         raise TypeError(f"{name}: expected float32, got {x.dtype}")
@@ -237,22 +249,69 @@ def _scale_kind(x, name: str, device, per_token_shape, limits: Limits) -> bool:
     raise ValueError(f"{name}: stage {limits.stage} takes a scale of shape {want}, got {tuple(x.shape)}")
 
 
-def check_scales(key_scale, value_scale) -> None:
-    """Scale values finite and > 0. Reads tensor values: a host sync for GPU tensors."""
+def check_scales(key_scale, value_scale, read=None) -> None:
+    """Scale values: a per-tensor scale finite and > 0; per-token scales finite and >= 0 where
+    the kernel reads them (``read(x)``: ``(lo, hi)`` of ``x`` over those tokens, None if none;
+    None: over all of ``x``). Reads tensor values: a host sync for GPU tensors."""
     for name, x in (("key_scale", key_scale), ("value_scale", value_scale)):
-        if isinstance(x, torch.Tensor):
-            lo, hi = x.aminmax()  # NaN propagates into both
-            if not (math.isfinite(lo.item()) and math.isfinite(hi.item()) and lo.item() > 0):
-                raise ValueError(f"{name}: every scale must be finite and > 0, found values in [{lo.item()}, "
-                                 f"{hi.item()}]")
+        if not isinstance(x, torch.Tensor):
+            continue
+        if x.numel() == 1:
+            v = float(x.reshape(()).item())
+            if not (math.isfinite(v) and v > 0):
+                raise ValueError(f"{name}: a per-tensor scale must be finite and > 0, got {v}")
+            continue
+        span = tuple(float(v) for v in x.aminmax()) if read is None else read(x)
+        # NaN propagates into both ends
+        if span is not None and not (math.isfinite(span[0]) and math.isfinite(span[1]) and span[0] >= 0):
+            raise ValueError(f"{name}: every scale inside a context must be finite and >= 0, found values "
+                             f"in [{span[0]}, {span[1]}]")
 
 
-def check_values(problem: Problem, block_tables, context_lengths, key_scale=None, value_scale=None) -> None:
-    """The checks that read tensor values (see the module docstring): each context length in
-    ``query_length .. max_blocks·block_size``, every page id a sequence uses in ``[0,
-    num_blocks)``, scales finite and > 0. A host sync when the tensors are on a GPU."""
+def context_span(problem: Problem, block_tables, context_lengths):
+    """``read(x)`` -> ``(lo, hi)`` of a per-token tensor ``x`` [num_blocks, num_kv_heads,
+    block_size] over the tokens inside each sequence's context (those whose scales the kernel
+    reads), or None when there are none. Page ids must have been checked. Views and gathers
+    only: no tensor is created by a factory (an allocation-free call stays allocation-free)."""
+    bs = problem.block_size
+    pieces = []
+    for s, n in enumerate(context_lengths.tolist()):
+        full, rem = divmod(n, bs)
+        if full:
+            pieces.append(block_tables[s, :full])
+        if rem:
+            pieces.append((int(block_tables[s, full]), rem))
+
+    def read(x):
+        if not pieces:
+            return None
+        spans = [tuple(float(v) for v in (x[p[0], :, : p[1]] if isinstance(p, tuple) else x.index_select(0, p))
+                       .aminmax()) for p in pieces]
+        if any(math.isnan(a) or math.isnan(b) for a, b in spans):  # min/max would drop a NaN
+            return math.nan, math.nan
+        return min(a for a, _ in spans), max(b for _, b in spans)
+
+    return read
+
+
+def score_bound_log2(problem: Problem, query, key_k_max: float) -> float:
+    """An upper bound on |score| in log2 units over every row and key the kernel reads:
+    ``softmax_scale · log2 e · max key scale · FP8_MAX · max_row ||q_row||_1`` (|q·k| <= ||q||_1 ·
+    max |k|, and an fp8 code is at most FP8_MAX)."""
+    q_l1 = float(query.abs().sum(-1, dtype=torch.float32).amax())
+    return problem.softmax_scale * LOG2E * key_k_max * _arch.fp8_max(problem.arch) * q_l1
+
+
+def check_values(problem: Problem, block_tables, context_lengths, key_scale=None, value_scale=None,
+                 query=None) -> None:
+    """The checks that read tensor values (see the module docstring), each reading only what the
+    kernel reads: each context length in ``query_length .. max_blocks·block_size``, the page ids
+    inside each context in ``[0, num_blocks)``, the scales (:func:`check_scales`) at the tokens
+    inside each context, and, given ``query``, the score bound (:func:`score_bound_log2`) within
+    :data:`MAX_SCORE_LOG2`. A host sync when the tensors are on a GPU."""
     ql, room, nb, bs = problem.query_length, problem.max_context, problem.num_blocks, problem.block_size
-    # plain Python lists: the check creates no tensor (an allocation-free call stays allocation-free)
+    # plain Python lists: the check creates no tensor on the device (an allocation-free call
+    # stays allocation-free there)
     rows = block_tables.tolist()
     for s, n in enumerate(context_lengths.tolist()):
         if not ql <= n <= room:
@@ -261,7 +320,20 @@ def check_values(problem: Problem, block_tables, context_lengths, key_scale=None
         for j, page in enumerate(rows[s][: -(-n // bs)]):
             if not 0 <= page < nb:
                 raise ValueError(f"block_tables: entry [{s}, {j}] = {page} is not a page id in [0, {nb})")
-    check_scales(key_scale, value_scale)
+    read = context_span(problem, block_tables, context_lengths) if problem.per_token else None
+    check_scales(key_scale, value_scale, read)
+    if query is not None and key_scale is not None:
+        if isinstance(key_scale, torch.Tensor):
+            span = read(key_scale) if read is not None else (float(key_scale.reshape(-1)[0]),) * 2
+            k_max = span[1] if span is not None else 0.0
+        else:
+            k_max = float(key_scale)
+        bound = score_bound_log2(problem, query, k_max)
+        if not bound <= MAX_SCORE_LOG2:
+            raise ValueError(f"key_scale: scores may reach {bound:.3g} in log2 units (softmax_scale x log2 e x "
+                             f"key scale x FP8_MAX x the largest row's |q|_1), past the kernel's "
+                             f"{MAX_SCORE_LOG2:.3g}: P's fp8 rounding would lose its range and the output "
+                             f"could be NaN; rescale the query or the key scale")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -372,7 +444,7 @@ def describe(query, key_cache, value_cache, block_tables, context_lengths, key_s
     if check_values_now is None:
         check_values_now = device.type == "cpu"
     if check_values_now and context_lengths is not None:
-        check_values(problem, block_tables, context_lengths, key_scale, value_scale)
+        check_values(problem, block_tables, context_lengths, key_scale, value_scale, query)
     return problem
 
 

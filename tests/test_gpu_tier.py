@@ -225,7 +225,7 @@ def _op_args(case, num_partitions=2):
     k, v = k.view(torch.uint8), v.view(torch.uint8)  # opcheck compares tensors; torch has no fp8 math on CPU
     ws = pa_tile.make_workspace(q, k, bt, num_partitions=num_partitions)
     out = torch.empty_like(q)
-    return (q, k, v, bt, ctx, ks, vs, out, ws, 128**-0.5, 0, case.query_length, num_partitions, 0, "gfx942")
+    return (q, k, v, bt, ctx, ks, vs, out, ws, 128**-0.5, 0, case.query_length, num_partitions, None, "gfx942")
 
 
 def test_op_is_registered_with_the_api_argument_names():
@@ -267,12 +267,14 @@ def test_torch_compile_fullgraph_matches_eager():
 
 
 def test_host_cost_targets_hold():
-    """Plan.run within 5x and paged_decode within 10x of a tiny SDPA call, device work skipped at
-    the launch boundary (best of three runs: the ratios, not the times, are the figure)."""
+    """Plan.run within 5x and paged_decode within 10x of a tiny SDPA call, and the op within 1.5x
+    of paged_decode, device work skipped at the launch boundary (best of three runs: the ratios,
+    not the times, are the figure)."""
     from pa_tile.perf import overhead
 
     results = [overhead.measure(calls=60, repeats=3) for _ in range(3)]
-    best = min(results, key=lambda r: max(r.ratios[k] / t for k, t in overhead.TARGETS.items()))
+    best = min(results, key=lambda r: max([r.ratios[k] / t for k, t in overhead.TARGETS.items()]
+                                          + [r.op_to_direct / overhead.OP_TO_DIRECT]))
     assert best.meets_targets(), best.report()
     assert "launch call" in best.stub
 

@@ -49,12 +49,14 @@ def test_scales_must_be_finite_and_positive(name, value, as_tensor, nothing_buil
         s2.paged_decode(**dict(kw, key_cache=_case().k_cache, value_cache=_case().v_plain()))
 
 
-def test_per_token_scales_with_one_bad_entry_are_refused(nothing_built):
+@pytest.mark.parametrize("value", [-1.0, float("nan"), float("inf")])
+def test_per_token_scales_with_one_bad_entry_inside_a_context_are_refused(value, nothing_built):
     case = _case(scales="per-token")
     kw = _kw(case)
     bad = case.v_scale.clone()
-    bad[1, 0, 3] = 0.0
-    with pytest.raises(ValueError, match="^value_scale: every scale must be finite and > 0"):
+    page = int(case.block_tables[1, 0])  # sequence 1's first page: every slot inside its 70 tokens
+    bad[page, 0, 3] = value
+    with pytest.raises(ValueError, match="^value_scale: every scale inside a context must be finite and >= 0"):
         pa_tile.paged_decode(**dict(kw, value_scale=bad))
 
 

@@ -4,14 +4,16 @@
 
 * ``pa_tile.paged_decode`` (validate, plan, launch: the one-shot call),
 * ``Plan.run`` (the per-layer call of a plan made once),
-* ``torch.ops.pa_tile.paged_decode`` (the op, as traced code calls it),
+* ``torch.ops.pa_tile.paged_decode`` (the op, as traced code calls it: the direct call's work
+  plus the dispatcher's),
 
 with the device's work replaced by a no-op at the launch boundary (``launch_options(execute="host")``:
 the runtime's launch call returns at once): everything a GPU's host does runs (validation, the
 compiled-kernel cache, argument packing, FlyDSL's dispatch into the runtime's C launch call);
 neither the kernel nor the emulator's own per-launch bookkeeping does. Beside them, a torch
 ``scaled_dot_product_attention`` call on tiny tensors, the cost of "one small torch op" on this
-machine; the ratios to it are the figures of merit (targets: ``run`` <= 5x, ``paged_decode`` <= 10x).
+machine; the ratios to it are the figures of merit (targets: ``run`` <= 5x, ``paged_decode`` <= 10x),
+and the op is held to :data:`OP_TO_DIRECT` times the direct call it wraps.
 """
 
 from __future__ import annotations
@@ -24,13 +26,14 @@ from typing import Dict
 
 import torch
 
-__all__ = ["measure", "Overhead", "TARGETS"]
+__all__ = ["measure", "Overhead", "TARGETS", "OP_TO_DIRECT"]
 
-#: ratio to the tiny SDPA call each entry point must stay within. The op is reported, not held to
-#: a target: ``torch.library.custom_op``'s own Python dispatch costs several SDPA calls by itself
-#: (its argument handling is quadratic in the schema's 15 arguments), and eager calls of
-#: ``paged_decode``/``run`` skip it.
+#: ratio to the tiny SDPA call each entry point must stay within
 TARGETS = {"run": 5.0, "paged_decode": 10.0}
+#: the op's host time over the direct ``paged_decode`` call's (the op is defined with
+#: ``torch.library.Library``, not ``custom_op``, whose per-call Python wrapper cost several times
+#: the call it wrapped)
+OP_TO_DIRECT = 1.5
 
 
 @dataclasses.dataclass
@@ -44,8 +47,12 @@ class Overhead:
     def ratios(self) -> Dict[str, float]:
         return {k: v / self.us["sdpa"] for k, v in self.us.items() if k != "sdpa"}
 
+    @property
+    def op_to_direct(self) -> float:
+        return self.us["op"] / self.us["paged_decode"]
+
     def meets_targets(self) -> bool:
-        return all(self.ratios[k] <= t for k, t in TARGETS.items())
+        return all(self.ratios[k] <= t for k, t in TARGETS.items()) and self.op_to_direct <= OP_TO_DIRECT
 
     def report(self) -> str:
         lines = [f"host time per call (median), device work skipped {self.stub}:"]
@@ -53,6 +60,7 @@ class Overhead:
             target = f" (target <= {TARGETS[k]:g}x)" if k in TARGETS else " (reported)"
             r = "" if k == "sdpa" else f"  {self.ratios[k]:5.2f}x sdpa{target}"
             lines.append(f"  {k:13s} {v:9.1f} us{r}")
+        lines.append(f"  op / paged_decode {self.op_to_direct:5.2f}x (target <= {OP_TO_DIRECT:g}x)")
         lines.append("targets met" if self.meets_targets() else "targets NOT met")
         return "\n".join(lines)
 
@@ -99,7 +107,7 @@ def measure(calls: int = 300, repeats: int = 5, arch: str = "gfx942") -> Overhea
     out = torch.empty_like(case.query)
     ws = pa_tile.make_workspace(case.query, args[1], case.block_tables, num_partitions=1, arch=arch)
     plan = pa_tile.plan(*args, workspace=ws, num_partitions=1, arch=arch)
-    op_args = args + (out, ws, 128**-0.5, 0, 1, 1, 0, arch)
+    op_args = args + (out, ws, 128**-0.5, 0, 1, 1, None, arch)
     q = torch.randn(1, 8, 4, 16)
     sdpa = torch.nn.functional.scaled_dot_product_attention
     plan.run(*args[:3], out=out)  # compile outside the timing
