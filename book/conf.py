@@ -46,9 +46,10 @@ html_theme = "sphinx_book_theme"
 html_title = "pa_tile: paged attention, tile by tile"
 html_theme_options = {
     "show_toc_level": 2,
-    "home_page_in_toc": True,
+    "home_page_in_toc": False,  # the title above the sidebar links the landing page
     "use_download_button": True,
     "use_fullscreen_button": False,
+    "navbar_persistent": [],  # the search field is in the sidebar; no second one in a header
 }
 html_context = {"default_mode": "auto"}  # with no mode, the theme logs an error on a first visit
 html_extra_path = ["_extra"]  # index.html at the site's root: a redirect to the landing page

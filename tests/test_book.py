@@ -437,14 +437,15 @@ def test_search_works_from_disk(site, browser):
     url = (site.html / "search.html").as_uri() + "?q=softmax"
     assert not browser.open(url)
     hits = browser.evaluate("""(async () => {
-      for (let i = 0; i < 100; i++) {
-        const hits = document.querySelectorAll('#search-results li a');
-        if (hits.length) return [...hits].map(a => a.getAttribute('href'));
+      for (let i = 0; i < 150; i++) {  // until Sphinx's search says it has finished
+        const summary = document.querySelector('#search-results .search-summary');
+        if (summary && /finished/i.test(summary.textContent)) break;
         await new Promise(r => setTimeout(r, 100));
       }
-      return [];
+      return [...document.querySelectorAll('#search-results li a')].map(a => a.getAttribute('href'));
     })()""")
-    assert any("02_register_softmax" in h for h in hits), hits
+    chapters_hit = {h.split("#")[0] for h in hits if h.startswith("notebooks/")}
+    assert len(chapters_hit) >= 2, hits  # softmax: in most chapters
     assert not browser.errors()
 
 
