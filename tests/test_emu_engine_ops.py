@@ -233,3 +233,83 @@ def test_fast_buffer_load_equals_reference(body):
                 got.append((w.v[:8].copy(), mem._last, fault))
             assert np.array_equal(got[0][0], got[1][0]), (body, hex(ex), nrec, skip)
             assert got[0][1:] == got[1][1:], (body, hex(ex), nrec, skip)
+
+
+# --------------------------------------------------------------------------- LDS reads and writes
+
+DS_BODY = """
+ds_write_b32 v1, v10 offset:{o1}
+ds_read_b128 v[20:23], v2
+ds_write_b128 v3, v[10:13] offset:16
+ds_read_b32 v24, v1 offset:{o1}
+ds_write_b64 v2, v[12:13]
+ds_read_b96 v[25:27], v3 offset:4
+ds_read_b64 v[28:29], v1
+"""
+
+
+def _ds_state(engine, arch, seed, mode, collide, exec_masks, same_values):
+    """Three waves of one workgroup run the body in turn on one LDS and one race checker (no
+    barrier: a race is reported unless the addresses keep the waves apart or the values agree)."""
+    from pa_tile.emu.memory import LDS
+    from pa_tile.emu.ops_ds import LdsRaceChecker
+
+    rng = np.random.default_rng(seed)
+    lds = LDS(4096, arch=arch)
+    lds.data[:] = rng.integers(0, 256, 4096, dtype=np.uint8)
+    races = LdsRaceChecker(4096, mode, lambda pc: f"pc {pc}") if mode else None
+    prog = _program(DS_BODY.format(o1=rng.integers(0, 64) * 4), arch)
+    regs, errors = [], []
+    for wave in range(3):
+        w = Wave(arch)
+        span = 4096 - 64 if collide else 1024
+        base = 0 if collide else wave * 1024
+        for r in (1, 2, 3):
+            w.v[r] = base + rng.integers(0, (span - 64) // 4, 64).astype(np.uint32) * 4
+        w.v[10:14] = rng.integers(0, 4, (4, 64)) * 0x01010101 if same_values else rng.integers(0, 1 << 32, (4, 64))
+        w.lds, w.races, w.wave_id = lds, races, wave
+        w.exec = exec_masks[wave]
+        try:
+            run_wave(prog, w, arch=arch, engine=engine)
+        except Exception as e:          # a race in raise mode: the message must match too
+            errors.append(f"{type(e).__name__}: {e}")
+        regs.append(w.v[:32].copy())
+    state = [lds.data.copy()] + regs
+    if races is not None:
+        state += [getattr(races, n).copy() for n in fastpath_arrays()] + [list(races.races)]
+    return state, errors
+
+
+def fastpath_arrays():
+    from pa_tile.emu import fastpath
+
+    return fastpath._RACE_ARRAYS
+
+
+@pytest.mark.parametrize("mode", [None, "warn", "raise"])
+@pytest.mark.parametrize("collide", [False, True])
+@pytest.mark.parametrize("same_values", [False, True])
+def test_fast_ds_equals_reference(mode, collide, same_values):
+    full = (1 << 64) - 1
+    for seed in range(4):
+        for masks in ((full, full, full), (0xFFFF_0000_FFFF_0000, full, 0x8000_0000_0000_0001), (0, full, 0)):
+            got = [_ds_state(e, "gfx942", seed, mode, collide, masks, same_values) for e in ("fast", "reference")]
+            (sf, ef), (sr, er) = got
+            assert ef == er, (seed, masks)
+            assert len(sf) == len(sr) and all(np.array_equal(a, b) if isinstance(a, np.ndarray) else a == b
+                                              for a, b in zip(sf, sr)), (seed, masks)
+
+
+def test_fast_ds_out_of_bounds_faults_like_the_reference():
+    from pa_tile.emu import MemoryFault
+    from pa_tile.emu.memory import LDS
+
+    msgs = []
+    for engine in ("fast", "reference"):
+        w = Wave("gfx942")
+        w.lds = LDS(1024, arch="gfx942")
+        w.v[1] = np.arange(64, dtype=np.uint32) * 16
+        with pytest.raises(MemoryFault) as e:
+            run_wave(_program("ds_read_b128 v[4:7], v1 offset:8", "gfx942"), w, arch="gfx942", engine=engine)
+        msgs.append(str(e.value))
+    assert msgs[0] == msgs[1]

@@ -46,6 +46,8 @@ def lib() -> Optional[ctypes.CDLL]:
         "pa_cvt_pk_8": (P, P, I, I64, I64, I, I),
         "pa_mfma_fp8": (P, I, I, I, I, I, I, I, U, P, I),
         "pa_buffer_load": (P, P, I, I, I, U, I64, I, P, P, I),
+        "pa_ds_read": (P, P, I, I, I, U, P, I64, P, I, I, I),
+        "pa_ds_write": (P, P, I, I, I, U, P, I64, P, I, I, I),
     }
     for name, args in sigs.items():
         f = getattr(dll, name)
@@ -87,3 +89,33 @@ def spans(mem):
         c = (mem._bases, mem._ends, b.ctypes.data, e.ctypes.data, len(b), b, e)
         mem.__dict__["_fast_spans"] = c
     return c
+
+
+_RACE_ARRAYS = ("w_wave", "w_epoch", "w_pc", "r_wave", "r_epoch", "r_pc", "w_val", "w_known", "c_wave", "c_epoch",
+                "c_pc")
+_RACE_TYPES = (np.int16, np.int32, np.int32, np.int16, np.int32, np.int32, np.uint8, np.bool_, np.int16, np.int32,
+               np.int32)
+
+
+def lds_pointer(lds) -> Optional[int]:
+    """Address of an ``memory.LDS``'s bytes when it faults on out-of-bounds accesses (the only
+    mode the C paths handle), else None."""
+    c = lds.__dict__.get("_fast")
+    if c is None or c[0] is not lds.data:
+        d = lds.data
+        ok = lds.oob == "raise" and d.dtype == np.uint8 and d.flags.c_contiguous and d.flags.writeable
+        c = lds.__dict__["_fast"] = (d, d.ctypes.data if ok else None)
+    return c[1]
+
+
+def race_pointers(races):
+    """The struct of array addresses ``pa_ds_read``/``pa_ds_write`` take for an
+    ``ops_ds.LdsRaceChecker`` (built once per checker), or None if its arrays are not the
+    expected ones."""
+    c = races.__dict__.get("_fast")
+    if c is None:
+        arrays = [getattr(races, n) for n in _RACE_ARRAYS]
+        ok = all(a.dtype == t and a.flags.c_contiguous and a.flags.writeable for a, t in zip(arrays, _RACE_TYPES))
+        c = races.__dict__["_fast"] = (arrays, (ctypes.c_void_p * 11)(*[a.ctypes.data for a in arrays]) if ok
+                                       else None)
+    return c[1]

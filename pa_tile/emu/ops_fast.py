@@ -245,3 +245,47 @@ def _buffer_load(ctx, ref):
                     return
         return ref(w)
     return h
+
+
+_DS_DWORDS = {"b32": 1, "b64": 2, "b96": 3, "b128": 4}
+
+
+def _ds(ctx, ref, write):
+    """ds_read_b32..b128 / ds_write_b32..b128, untraced, in an LDS that faults out of bounds:
+    the access, the race checker's bookkeeping and the registers as ops_ds does them; a lane out
+    of bounds or a race to report runs the reference handler instead (which reports it)."""
+    if set(ctx.mods) - {"offset"}:
+        return ref
+    data_o, addr_o = (ctx.ops[1], ctx.ops[0]) if write else (ctx.ops[0], ctx.ops[1])
+    nregs = _DS_DWORDS[ctx.base.rsplit("_", 1)[1]]
+    if addr_o.kind != "v" or addr_o.count != 1 or data_o.kind not in ("v", "a") or data_o.count != nregs:
+        return ref
+    row, arow = ctx.vrow(data_o), addr_o.index
+    off = int(ctx.mods.get("offset", 0)) & 0xFFFFFFFF
+    pc = ctx.index
+    lib = fastpath.lib()
+    fn = lib.pa_ds_write if write else lib.pa_ds_read
+    pointers, lds_pointer, race_pointers = fastpath.pointers, fastpath.lds_pointer, fastpath.race_pointers
+
+    def h(w):
+        if w.trace is None:
+            c = pointers(w)
+            lds = w.lds
+            p = lds_pointer(lds) if c is not None and lds is not None else None
+            if p is not None:
+                races = w.races
+                if races is None:
+                    rp, epoch = None, 0
+                else:
+                    rp, epoch = race_pointers(races), races.epoch
+                    if rp is None:
+                        return ref(w)
+                if fn(c[2], c[3], row, nregs, arow, off, p, lds.limit, rp, w.wave_id, pc, epoch) == 0:
+                    return
+        return ref(w)
+    return h
+
+
+for _k in _DS_DWORDS:
+    FAST[f"ds_read_{_k}"] = lambda ctx, ref: _ds(ctx, ref, False)
+    FAST[f"ds_write_{_k}"] = lambda ctx, ref: _ds(ctx, ref, True)

@@ -272,3 +272,117 @@ EXPORT int pa_buffer_load(uint32_t *v, const uint32_t *s, int dst, int nregs, in
     }
     return region;
 }
+
+// ---------------------------------------------------------------- LDS dword reads/writes (ops_ds, memory.LDS)
+
+// The race checker's per-byte arrays (ops_ds.LdsRaceChecker), in this order.
+typedef struct {
+    int16_t *w_wave; int32_t *w_epoch; int32_t *w_pc;
+    int16_t *r_wave; int32_t *r_epoch; int32_t *r_pc;
+    uint8_t *w_val; uint8_t *w_known;
+    int16_t *c_wave; int32_t *c_epoch; int32_t *c_pc;
+} races_t;
+
+#define RACE_MANY (-2)
+#define MAX_BYTES (LANES * 16)
+
+// Byte indices of the active lanes' accesses (lane-major, as ops_ds.LdsRaceChecker.access
+// flattens them); -1 when a lane is past the allocation (the reference then faults).
+static int lds_bytes(const uint32_t *v, uint64_t em, int arow, uint32_t off, int nbytes, int64_t limit,
+                     int64_t *idx, int *lane_of) {
+    int n = 0;
+    for (int l = 0; l < LANES; l++) {
+        if (!((em >> l) & 1)) continue;
+        int64_t a = (int64_t)(uint32_t)(v[(size_t)arow * LANES + l] + off);
+        if (a + nbytes > limit) return -1;
+        for (int j = 0; j < nbytes; j++) { idx[n] = a + j; lane_of[n] = l; n++; }
+    }
+    return n;
+}
+
+// ds_read_b32/b64/b96/b128 in an LDS with oob="raise", untraced. races: NULL when unchecked.
+// Returns 0 when done, -1 (nothing changed) for a lane past the allocation or a race to report:
+// the reference handler then faults or reports.
+EXPORT int pa_ds_read(uint32_t *v, const uint32_t *s, int dst, int nregs, int arow, uint32_t off, uint8_t *lds,
+                      int64_t limit, const races_t *races, int wave, int pc, int epoch) {
+    uint64_t em = exec_mask(s);
+    int nbytes = nregs * 4;
+    int64_t idx[MAX_BYTES];
+    int lane_of[MAX_BYTES];
+    int n = lds_bytes(v, em, arow, off, nbytes, limit, idx, lane_of);
+    if (n < 0) return -1;
+    if (races) {
+        for (int k = 0; k < n; k++) {
+            int64_t b = idx[k];
+            if (races->c_epoch[b] == epoch && races->c_wave[b] != wave) return -1;   // read-after-write
+        }
+    }
+    uint32_t words[LANES][4];
+    for (int k = 0; k < n; k += nbytes) memcpy(words[lane_of[k]], lds + idx[k], (size_t)nbytes);
+    if (races) {
+        int16_t neww[MAX_BYTES];
+        for (int k = 0; k < n; k++) {          // from the state before this access, as numpy does
+            int64_t b = idx[k];
+            neww[k] = (races->r_epoch[b] == epoch && races->r_wave[b] != wave) ? RACE_MANY : (int16_t)wave;
+        }
+        for (int k = 0; k < n; k++) {
+            int64_t b = idx[k];
+            races->r_wave[b] = neww[k];
+            races->r_epoch[b] = epoch;
+            races->r_pc[b] = pc;
+        }
+    }
+    for (int k = 0; k < n; k += nbytes) {
+        int l = lane_of[k];
+        for (int r = 0; r < nregs; r++) v[(size_t)(dst + r) * LANES + l] = words[l][r];
+    }
+    return 0;
+}
+
+// ds_write_b32/b64/b96/b128, as pa_ds_read. The race check sees the LDS before the write (equal
+// values commute: ops_ds.LdsRaceChecker); the highest lane writing a byte wins.
+EXPORT int pa_ds_write(const uint32_t *v, const uint32_t *s, int src, int nregs, int arow, uint32_t off,
+                       uint8_t *lds, int64_t limit, const races_t *races, int wave, int pc, int epoch) {
+    uint64_t em = exec_mask(s);
+    int nbytes = nregs * 4;
+    int64_t idx[MAX_BYTES];
+    int lane_of[MAX_BYTES];
+    uint8_t val[MAX_BYTES];
+    int n = lds_bytes(v, em, arow, off, nbytes, limit, idx, lane_of);
+    if (n < 0) return -1;
+    for (int k = 0; k < n; k++) {
+        int j = k % nbytes, l = lane_of[k];
+        uint32_t word = v[(size_t)(src + j / 4) * LANES + l];
+        val[k] = (uint8_t)(word >> (8 * (j % 4)));
+    }
+    if (races) {
+        uint8_t same_r[MAX_BYTES];
+        for (int k = 0; k < n; k++) {
+            int64_t b = idx[k];
+            int same_w = races->w_known[b] && races->w_val[b] == val[k];
+            same_r[k] = lds[b] == val[k];
+            if (races->w_epoch[b] == epoch && races->w_wave[b] != wave && !same_w) return -1;   // write-write
+        }
+        for (int k = 0; k < n; k++) {
+            int64_t b = idx[k];
+            if (races->r_epoch[b] == epoch && races->r_wave[b] != wave && !same_r[k]) return -1;  // write-after-read
+        }
+        for (int k = 0; k < n; k++) {
+            int64_t b = idx[k];
+            races->w_wave[b] = (int16_t)wave;
+            races->w_epoch[b] = epoch;
+            races->w_pc[b] = pc;
+            races->w_val[b] = val[k];
+            races->w_known[b] = 1;
+        }
+        for (int k = 0; k < n; k++) {
+            if (same_r[k]) continue;
+            int64_t b = idx[k];
+            races->c_wave[b] = (int16_t)wave;
+            races->c_epoch[b] = epoch;
+            races->c_pc[b] = pc;
+        }
+    }
+    for (int k = 0; k < n; k++) lds[idx[k]] = val[k];
+    return 0;
+}
