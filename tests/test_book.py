@@ -14,7 +14,6 @@ protocol on a pipe (`--remote-debugging-pipe`), with the standard library only."
 from __future__ import annotations
 
 import base64
-import fcntl
 import importlib.util
 import json
 import os
@@ -163,33 +162,34 @@ class Chromium:
              "--remote-debugging-pipe", "--hide-scrollbars"]
 
     def __init__(self, binary: str, profile: Path):
-        to_child, from_child = os.pipe(), os.pipe()
-
-        def onto_fds_3_and_4():  # in the child, before exec: its ends of the pipes become fd 3 and 4
-            r = fcntl.fcntl(to_child[0], fcntl.F_DUPFD, 10)
-            w = fcntl.fcntl(from_child[1], fcntl.F_DUPFD, 10)
-            os.dup2(r, 3)
-            os.dup2(w, 4)
-
+        (r, to_browser), (from_browser, w) = os.pipe(), os.pipe()
+        # bash puts the browser's ends of the pipes on fd 3 and 4 and execs it (no preexec_fn:
+        # the test may run in a process with threads, e.g. an xdist worker)
+        onto_3_and_4 = f'exec "$@" 3<&{r} 4>&{w} {r}<&- {w}>&-'
         self.log = profile / "chromium.log"
         with open(self.log, "w") as log:
-            self.proc = subprocess.Popen([binary, *self.FLAGS, f"--user-data-dir={profile}"],
-                                         preexec_fn=onto_fds_3_and_4, pass_fds=(3, 4),
-                                         stdin=subprocess.DEVNULL, stdout=log, stderr=log)
-        os.close(to_child[0])
-        os.close(from_child[1])
-        self._out = os.fdopen(to_child[1], "wb")
-        self._in = os.fdopen(from_child[0], "rb")
+            self.proc = subprocess.Popen(["bash", "-c", onto_3_and_4, "chromium", binary, *self.FLAGS,
+                                          f"--user-data-dir={profile}"],
+                                         pass_fds=(r, w), stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+        os.close(r)
+        os.close(w)
+        self._out = os.fdopen(to_browser, "wb")
+        self._in = os.fdopen(from_browser, "rb")
         self._queue: queue.Queue = queue.Queue()
         self._events: list[dict] = []
         self._next_id = 0
         threading.Thread(target=self._read, daemon=True).start()
-        target = self.call("Target.createTarget", url="about:blank")["targetId"]
-        self.session = self.call("Target.attachToTarget", targetId=target, flatten=True)["sessionId"]
-        for domain in ("Page", "Runtime", "Log", "Network"):
-            self.call(f"{domain}.enable", session=True)
-        self.call("Network.emulateNetworkConditions", session=True, offline=True, latency=0,
-                  downloadThroughput=-1, uploadThroughput=-1)
+        try:
+            target = self.call("Target.createTarget", url="about:blank")["targetId"]
+            self.session = self.call("Target.attachToTarget", targetId=target, flatten=True)["sessionId"]
+            for domain in ("Page", "Runtime", "Log", "Network"):
+                self.call(f"{domain}.enable", session=True)
+            self.call("Network.emulateNetworkConditions", session=True, offline=True, latency=0,
+                      downloadThroughput=-1, uploadThroughput=-1)
+        except BaseException:
+            self.proc.kill()
+            self.proc.wait()
+            raise
 
     def _read(self):
         buf = b""
