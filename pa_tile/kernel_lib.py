@@ -32,11 +32,15 @@ from flydsl.expr.typing import T
 
 __all__ = [
     "WAVE", "WAVES", "TILE", "SPAN", "HEAD_DIM", "LOG2E", "MASKED", "NNAN",
-    "ir_value", "rsrc", "buffer_load", "buffer_store", "scalar_load", "uniform", "select", "imin", "imax",
-    "fmax", "exp2", "rcp", "xor_lanes", "row_reduce", "wave_reduce", "max4", "row_max", "pack_fp8", "i64", "mfma", "splat4", "lds_ptr", "lds_store",
+    "ir_value", "rsrc", "buffer_load", "buffer_store", "scalar_load", "uniform", "select", "imin",
+           "imax",
+    "fmax", "exp2", "rcp", "xor_lanes", "row_reduce", "wave_reduce", "max4", "row_max", "pack_fp8",
+           "i64", "mfma", "splat4", "lds_ptr", "lds_store",
     "lds_load", "tree_sum", "lane_coords",
-    "Pages", "query_operands", "quantize_query", "scores", "zero_tail_v", "mask_tail", "exp_shift", "softmax_step",
-    "pv_step", "exchange", "merge_waves", "store_chunks", "device_code", "jit_launcher", "model_operands", "softmax_model",
+    "Pages", "query_operands", "quantize_query", "scores", "zero_tail_v", "mask_tail", "exp_shift",
+           "softmax_step",
+    "pv_step", "exchange", "merge_waves", "store_chunks", "device_code", "jit_launcher",
+           "model_operands", "softmax_model",
 ]
 
 WAVE = 64  # lanes per wave on CDNA
@@ -67,20 +71,24 @@ def rsrc(tensor):
     it and drops a store, so an offset gone wrong (a bad page id in the block table, which the
     per-call path does not read on a GPU) stays inside the tensor instead of reading or writing
     someone else's memory."""
-    return fx.rocdl.get_buffer_rsrc(fx.get_iter(fx.rocdl.make_buffer_tensor(tensor, max_size=False)))
+    return fx.rocdl.get_buffer_rsrc(fx.get_iter(fx.rocdl.make_buffer_tensor(tensor,
+                                                                            max_size=False)))
 
 
 def buffer_load(resource, voffset, dwords, soffset=0, offset=0):
-    """`dwords` 32-bit words per lane at byte resource + soffset (SGPR) + voffset (VGPR) + offset (imm)."""
+    """`dwords` 32-bit words per lane at byte resource + soffset (SGPR) + voffset (VGPR) + offset
+    (immediate)."""
     ty = T.i32 if dwords == 1 else T.vec(dwords, T.i32)
-    v = fx.rocdl.raw_ptr_buffer_load(ty, resource, ir_value(fx.Int32(voffset) + offset), ir_value(fx.Int32(soffset)),
+    v = fx.rocdl.raw_ptr_buffer_load(ty, resource, ir_value(fx.Int32(voffset) + offset),
+                                     ir_value(fx.Int32(soffset)),
                                      aux=0)
     return fx.Int32(v) if dwords == 1 else fx.Vector(v)
 
 
 def buffer_store(value, resource, voffset):
     aux = ir.IntegerAttr.get(T.i32, 0)
-    fx.rocdl.raw_ptr_buffer_store(ir_value(value), resource, ir_value(fx.Int32(voffset)), ir_value(fx.Int32(0)),
+    fx.rocdl.raw_ptr_buffer_store(ir_value(value), resource, ir_value(fx.Int32(voffset)),
+                                  ir_value(fx.Int32(0)),
                                   aux=aux)
 
 
@@ -139,7 +147,8 @@ def wave_reduce(x, op):
 
 def max4(xs):
     """The largest of four f32 values (one per wave, read from an LDS table), as a balanced tree."""
-    return fmax(fmax(fx.Float32(xs[0]), fx.Float32(xs[1])), fmax(fx.Float32(xs[2]), fx.Float32(xs[3])))
+    return fmax(fmax(fx.Float32(xs[0]), fx.Float32(xs[1])), fmax(fx.Float32(xs[2]),
+                                                                 fx.Float32(xs[3])))
 
 
 def row_max(s, c):
@@ -174,7 +183,8 @@ def splat4(x):
 def lds_ptr(base_u8, byte_off, floats):
     p = fx.add_offset(base_u8, fx.make_int_tuple(fx.Int32(byte_off)))
     # alignment = access size, so a 4-float access becomes one ds_read/write_b128
-    return fx.recast_iter(fx.PointerType.get(fx.Float32.ir_type, fx.AddressSpace.Shared, 4 * floats), p)
+    return fx.recast_iter(fx.PointerType.get(fx.Float32.ir_type, fx.AddressSpace.Shared,
+                                             4 * floats), p)
 
 
 def lds_store(base_u8, byte_off, vec):
@@ -188,7 +198,8 @@ def lds_load(base_u8, byte_off, floats):
 
 def lane_coords():
     """``(tid, wave, lane, col, grp)`` of this thread: ``col = lane % 16`` is its MFMA column (a
-    query row), ``grp = lane // 16`` its row band / k-slice; ``wave`` is made wave-uniform (SGPR)."""
+    query row), ``grp = lane // 16`` its row band / k-slice; ``wave`` is made wave-uniform
+    (SGPR)."""
     tid = fx.Int32(gpu.thread_id("x"))
     wave = uniform(tid // WAVE)
     lane = tid % WAVE
@@ -214,24 +225,29 @@ class Pages:
 
     def __init__(self, bt_rs, k_rs, v_rs, bt_row, last_page, kvh, num_kv_heads, wave, col, grp, *,
                  block_size, head_dim=HEAD_DIM, k_blocked=False, v_trans=False):
-        self.bt_rs, self.k_rs, self.v_rs, self.bt_row, self.last_page = bt_rs, k_rs, v_rs, bt_row, last_page
-        self.kvh, self.num_kv_heads, self.wave, self.col, self.grp = kvh, num_kv_heads, wave, col, grp
+        self.bt_rs, self.k_rs, self.v_rs = bt_rs, k_rs, v_rs
+        self.bt_row, self.last_page = bt_row, last_page
+        self.kvh, self.num_kv_heads = kvh, num_kv_heads
+        self.wave, self.col, self.grp = wave, col, grp
         self.bs, self.nh, self.nch = block_size, head_dim // 64, head_dim // 16
         self.pps = SPAN // block_size  # pages per wave span: 4 (block 16) or 1 (block 64)
         self.page_bytes = block_size * head_dim
         bs = block_size
         # bytes between the K rows of consecutive slots, and between 16-channel chunks of a row
         self.k_row, self.k_chunk = (16, bs * 16) if k_blocked else (head_dim, 16)
-        slot = col % 4 if self.pps > 1 else (col // 4) * 16 + col % 4  # the lane's first K slot on its page
+        # the lane's first K slot on its page
+        slot = col % 4 if self.pps > 1 else (col // 4) * 16 + col % 4
         self.k_lane = slot * self.k_row + grp * self.k_chunk
         if self.pps > 1:
-            self.v_lane = col * 16  # page grp of the span (trans-blocked and plain agree for block 16)
+            # page grp of the span (trans-blocked and plain agree for block 16)
+            self.v_lane = col * 16
         else:
             self.v_lane = grp * (head_dim * 16) + col * 16 if v_trans else col * bs + grp * 16
         v_chunk = 16 * (16 if v_trans or bs == 16 else bs)  # bytes between d-chunks of a V page
         cpw = self.nch // WAVES
         # register slot j holds d-chunk (j + cpw·wave) mod nch: the merge then moves fixed slots
-        self.chunk_off = [((j + cpw * wave) % self.nch) * v_chunk for j in range_constexpr(self.nch)]
+        self.chunk_off = [((j + cpw * wave) % self.nch) * v_chunk
+                          for j in range_constexpr(self.nch)]
         self.k_j = col // 4 if self.pps > 1 else 0  # which page of the span holds the lane's K, V
         self.v_j = grp if self.pps > 1 else 0
 
@@ -252,7 +268,8 @@ class Pages:
         words = []
         for a in range_constexpr(4):
             for h in range_constexpr(self.nh):
-                v = buffer_load(self.k_rs, voff, 4, offset=a * 4 * self.k_row + h * 4 * self.k_chunk)
+                v = buffer_load(self.k_rs, voff, 4,
+                                offset=a * 4 * self.k_row + h * 4 * self.k_chunk)
                 words.extend([v[i] for i in range_constexpr(4)])
         return fx.Vector.from_elements(words, dtype=fx.Int32)
 
@@ -299,7 +316,8 @@ def quantize_query(vals, valid, fp8_max):
 
 
 def scores(k_words, q_ops, halves=2):
-    """Q·Kᵀ turned around: the lane's 16 raw scores, ``s[4a + i]`` = wave-token ``16·grp + 4a + i``
+    """Q·Kᵀ turned around: the lane's 16 raw scores, ``s[4a + i]`` = wave-token
+    ``16·grp + 4a + i``
     of its query row (K words as ``Pages.k`` loads them; ``halves`` = head_dim // 64)."""
     s = []
     for a in range_constexpr(4):
@@ -314,14 +332,16 @@ def scores(k_words, q_ops, halves=2):
 
 def zero_tail_v(v_words, n_valid):
     """V bytes of lane-tokens >= ``n_valid`` -> 0: a page's unused slots may hold NaN codes, and
-    0·NaN is NaN inside the MFMA. ``v_words[4j + k]`` holds tokens ``4k .. 4k+3`` of d-chunk ``j``."""
+    0·NaN is NaN inside the MFMA. ``v_words[4j + k]`` holds tokens ``4k .. 4k+3`` of d-chunk
+    ``j``."""
     masks = []
     for k in range_constexpr(4):
         keep = imax(imin(n_valid - 4 * k, 4), 0)  # bytes of dword k to keep: 0..4
         partial = (fx.Int32(1) << (keep * 8 % 32)) - 1
         masks.append(fx.Int32(select(keep > 3, fx.Int32(-1), partial)))
     n = v_words.numel
-    return fx.Vector.from_elements([fx.Int32(v_words[i]) & masks[i % 4] for i in range_constexpr(n)], dtype=fx.Int32)
+    kept = [fx.Int32(v_words[i]) & masks[i % 4] for i in range_constexpr(n)]
+    return fx.Vector.from_elements(kept, dtype=fx.Int32)
 
 
 def mask_tail(s, v_words, n_valid):
@@ -331,7 +351,8 @@ def mask_tail(s, v_words, n_valid):
     """
     ninf = fx.Float32(float("-inf"))
     s = fx.Vector.from_elements(
-        [fx.Float32(select(n_valid > i, fx.Float32(s[i]), ninf)) for i in range_constexpr(16)], dtype=fx.Float32
+        [fx.Float32(select(n_valid > i, fx.Float32(s[i]), ninf)) for i in range_constexpr(16)],
+                                dtype=fx.Float32
     )
     return s, zero_tail_v(v_words, n_valid)
 
@@ -377,7 +398,8 @@ def softmax_step(s, m_old, l_old, c_qk, log2_fp8_max, p_weight=None):
     l_new = l_old * corr + tree_sum(p)
     if const_expr(p_weight is not None):
         p = [p[i] * fx.Float32(p_weight[i]) for i in range_constexpr(16)]
-    words = [pack_fp8(p[4 * a], p[4 * a + 1], p[4 * a + 2], p[4 * a + 3]) for a in range_constexpr(4)]
+    words = [pack_fp8(p[4 * a], p[4 * a + 1], p[4 * a + 2],
+                      p[4 * a + 3]) for a in range_constexpr(4)]
     return [i64(words[0], words[1]), i64(words[2], words[3])], corr, m_new, l_new
 
 
@@ -399,8 +421,8 @@ def exchange(xchg, o, wave, lane, slots, more_after=False):
     """The four-wave sum of ``o`` (this wave's d-chunk accumulators, slot ``j`` = d-chunk
     ``(j + cpw·wave) mod nch``), a reduce-scatter: returns the ``cpw = len(o) / WAVES`` chunks this
     wave keeps. In round ``r`` a wave writes the slots wave ``(wave + r) mod 4`` keeps and adds
-    what wave ``(wave - r) mod 4`` wrote, ``slots`` at a time: ``WAVES·WAVE·16·slots`` bytes of LDS
-    at ``xchg``. ``more_after``: another exchange follows (keep the final barrier)."""
+    what wave ``(wave - r) mod 4`` wrote, ``slots`` at a time: ``WAVES·WAVE·16·slots`` bytes of
+    LDS at ``xchg``. ``more_after``: another exchange follows (keep the final barrier)."""
     cpw = len(o) // WAVES
     o = list(o)
     for rnd in range_constexpr(1, WAVES):
@@ -424,15 +446,18 @@ def merge_waves(o, m_w, l_w, v_scale, lds, wave, lane, col, stride=WAVES):
     l_w = row_reduce(l_w, operator.add)
     # stats: [max | sum][head][wave]; the 4 lanes of a head write the same value to the same word
     lds_store(stats, (col * stride + wave) * 4, fx.Vector.from_elements([m_w], dtype=fx.Float32))
-    lds_store(stats, ((16 + col) * stride + wave) * 4, fx.Vector.from_elements([l_w], dtype=fx.Float32))
+    lds_store(stats, ((16 + col) * stride + wave) * 4, fx.Vector.from_elements([l_w],
+                                                                               dtype=fx.Float32))
     gpu.barrier()
     if const_expr(stride % 4 == 0):
         m4 = lds_load(stats, col * stride * 4, WAVES)
         l4 = lds_load(stats, (16 + col) * stride * 4, WAVES)
-        m4, l4 = [fx.Float32(m4[w]) for w in range(WAVES)], [fx.Float32(l4[w]) for w in range(WAVES)]
+        m4 = [fx.Float32(m4[w]) for w in range(WAVES)]
+        l4 = [fx.Float32(l4[w]) for w in range(WAVES)]
     else:  # rows are not 16-byte aligned: four 4-byte reads each
         m4 = [fx.Float32(lds_load(stats, (col * stride + w) * 4, 1)[0]) for w in range(WAVES)]
-        l4 = [fx.Float32(lds_load(stats, ((16 + col) * stride + w) * 4, 1)[0]) for w in range(WAVES)]
+        l4 = [fx.Float32(lds_load(stats, ((16 + col) * stride + w) * 4,
+                                  1)[0]) for w in range(WAVES)]
     m = max4(m4)
     total = fx.Float32(0.0)
     for w in range_constexpr(WAVES):
@@ -443,11 +468,12 @@ def merge_waves(o, m_w, l_w, v_scale, lds, wave, lane, col, stride=WAVES):
 
 def store_chunks(o_rs, chunks, row_byte, wave, grp, dtype=fx.Float16):
     """Store this wave's d-chunks of one output row (at byte ``row_byte``), as ``merge_waves``
-    returns them: chunk ``s`` is d-chunk ``len(chunks)·wave + s``, and lane ``(col, grp)`` writes its
-    channels ``4·grp .. 4·grp+3`` (four 16-bit values of ``dtype``: two dwords)."""
+    returns them: chunk ``s`` is d-chunk ``len(chunks)·wave + s``, and lane ``(col, grp)`` writes
+    its channels ``4·grp .. 4·grp+3`` (four 16-bit values of ``dtype``: two dwords)."""
     per = len(chunks)
     for s in range_constexpr(per):
-        buffer_store(chunks[s].to(dtype).bitcast(fx.Int32), o_rs, row_byte + ((per * wave + s) * 16 + grp * 4) * 2)
+        buffer_store(chunks[s].to(dtype).bitcast(fx.Int32), o_rs,
+                     row_byte + ((per * wave + s) * 16 + grp * 4) * 2)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -473,10 +499,13 @@ def jit_launcher(body, grid_yz=None, contract=True):
     kernel = flyc.kernel(known_block_size=(WAVES * WAVE, 1, 1))(body)
     kparams = list(inspect.signature(body).parameters.values())
     names = [p.name for p in kparams]
-    seqs = inspect.Parameter("num_seqs", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=fx.Int32)
-    params = sorted(kparams, key=lambda p: p.name != "out")  # stable: the rest keep the kernel's order
+    seqs = inspect.Parameter("num_seqs", inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                             annotation=fx.Int32)
+    # stable: the rest keep the kernel's order
+    params = sorted(kparams, key=lambda p: p.name != "out")
     params.insert(next(i for i, p in enumerate(params) if p.name == "num_kv_heads"), seqs)
-    stream = inspect.Parameter("stream", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=fx.Stream(None),
+    stream = inspect.Parameter("stream", inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                               default=fx.Stream(None),
                                annotation=fx.Stream)
     grid_yz = grid_yz or (lambda a: (a["num_kv_heads"], 1))
     hints = {"fastmath": arith.FastMathFlags.contract} if contract else {}
@@ -522,7 +551,8 @@ def softmax_model(s, c, v, fp8_max, fp8_dtype, p_weight=None):
     exact there), not ``s·c`` rounded and then shifted. The difference is up to an ulp of the
     row max, which at |m| ~ 10 is enough to flip the fp8 code of a heavy token's P now and then."""
     kvh, group, n = s.shape
-    log2_fmax = torch.tensor(math.log2(fp8_max), dtype=torch.float32)  # as the kernel's f32 constant
+    # as the kernel's f32 constant
+    log2_fmax = torch.tensor(math.log2(fp8_max), dtype=torch.float32)
     m = torch.full((kvh, group, WAVES), MASKED)
     l = torch.zeros(kvh, group, WAVES)
     o = torch.zeros(kvh, group, WAVES, v.shape[-1])
@@ -534,7 +564,7 @@ def softmax_model(s, c, v, fp8_max, fp8_dtype, p_weight=None):
             sw = s[..., lo:hi]
             m_new = torch.maximum(m[..., w], sw.amax(-1) * c[..., 0])
             corr = torch.exp2(m[..., w] - m_new)
-            # exp_shift, in its float32 order: (m - log2 FP8_MAX) + |m|·2^-21 (the product is exact)
+            # exp_shift, in its float32 order: (m - log2 FP8_MAX) + |m|·2^-21 (an exact product)
             shift = (m_new - log2_fmax) + m_new.abs() * 2.0 ** -21
             p = torch.exp2((sw.double() * c.double() - shift.double()[..., None]).float())
             l[..., w] = l[..., w] * corr + p.sum(-1)
