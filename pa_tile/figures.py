@@ -672,6 +672,9 @@ def kernel_map(*, head_dim: int, group: int, waves: int, wave_lanes: int, tile_t
         text=f"reduce: {reduce_threads} threads, 4 channels\na lane, {reduce_group} partitions a load")
     arrow(82.5, 4.5, 88, 4.5)
     box(88, 2, 9, 5, color="white", text="out", fs=FONT)
+    ax.legend(handles=_patches([f"wave {w}" for w in range(waves)], wc), loc="upper right", ncol=waves,
+              fontsize=FONT - 1, bbox_to_anchor=(1.0, 1.04), frameon=False)
+    fig.suptitle("The finished kernel on one screen", fontsize=FONT + 2, x=0.01, ha="left")
     fig.tight_layout()
     return fig
 
@@ -871,30 +874,56 @@ def partition_sweep(panels: Mapping[str, Mapping[str, tuple]], picks: Mapping[st
 
 
 def stage_predictions(labels: Sequence[str], series: Mapping[str, Sequence[float]], *, title: str,
-                      references: Optional[Mapping[str, float]] = None, note: str = ""):
-    """Predicted kernel time per stage (grouped bars, one series per GPU), with optional
-    horizontal reference lines (e.g. upstream's kernel). MODEL PREDICTIONS: the title says so."""
+                      floors: Optional[Mapping[str, tuple]] = None, reference: Optional[Mapping[str, tuple]] = None,
+                      note: str = ""):
+    """Predicted kernel time per stage: grouped bars, one series per GPU, each bar labelled.
+
+    ``floors[label] = (µs, series name)``: a time floor (HBM bytes / bandwidth) drawn as a line in
+    that series' colour, so no bar can be read as beating it. ``reference[label] = (µs, kind)``:
+    bars of one more group at the right (e.g. upstream's kernel), ``kind`` "measured" (black,
+    hatched) or a series name (that series' colour): a measured and a predicted time of equal
+    height stay two bars side by side, never two lines on top of each other. Everything but a
+    "measured" bar is a MODEL PREDICTION: the title says so."""
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(WIDTH, 3.4))
+    fig, ax = plt.subplots(figsize=(WIDTH, 4.6))
+    names = list(series)
+    color = {n: LINE_COLORS[k % len(LINE_COLORS)] for k, n in enumerate(names)}
     x = np.arange(len(labels))
     w = 0.8 / max(1, len(series))
+
+    def label_bar(b, v):
+        ax.text(b.get_x() + b.get_width() / 2, v, f"{v:.0f}", ha="center", va="bottom", fontsize=FONT - 1)
+
     for k, (name, vals) in enumerate(series.items()):
         vals = [np.nan if v is None else v for v in vals]
-        bars = ax.bar(x + (k - (len(series) - 1) / 2) * w, vals, w, color=LINE_COLORS[k % len(LINE_COLORS)], label=name)
+        bars = ax.bar(x + (k - (len(series) - 1) / 2) * w, vals, w, color=color[name], label=name)
         for b, v in zip(bars, vals):
             if np.isfinite(v):
-                ax.text(b.get_x() + b.get_width() / 2, v, f"{v:.0f}", ha="center", va="bottom", fontsize=FONT - 1)
-    for k, (name, v) in enumerate((references or {}).items()):
-        ax.axhline(v, color=OKABE_ITO[-1], lw=1, ls=("--", ":", "-.")[k % 3], label=name)
+                label_bar(b, v)
+    ticks = list(labels)
+    if reference:
+        xr = len(labels) + 0.2
+        rw = 0.8 / len(reference)
+        for k, (name, (v, kind)) in enumerate(reference.items()):
+            measured = kind == "measured"
+            b = ax.bar(xr + (k - (len(reference) - 1) / 2) * rw, v, rw, label=name,
+                       color="white" if measured else color.get(kind, "0.6"), edgecolor=OKABE_ITO[-1],
+                       hatch="///" if measured else None, lw=1.0)
+            label_bar(b[0], v)
+        ticks.append("upstream\n(reference)")
+        x = np.append(x, xr)
+    for k, (name, (v, series_name)) in enumerate((floors or {}).items()):
+        ax.axhline(v, color=color.get(series_name, OKABE_ITO[-1]), lw=1.2, ls=("--", ":", "-.")[k % 3],
+                   label=name)
     ax.set_xticks(x)
-    ax.set_xticklabels(labels, fontsize=FONT)
+    ax.set_xticklabels(ticks, fontsize=FONT)
     ax.set_yscale("log")
     _style(ax, title=title, ylabel="µs (log scale)")
-    ax.legend(fontsize=FONT - 1, loc="upper right")
+    ax.legend(fontsize=FONT - 1, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2)
     if note:
         import textwrap
 
-        ax.text(0.0, -0.12, "\n".join(textwrap.wrap(note, 130)), transform=ax.transAxes, fontsize=FONT - 1,
+        ax.text(0.0, -0.48, "\n".join(textwrap.wrap(note, 130)), transform=ax.transAxes, fontsize=FONT - 1,
                 va="top")
     fig.tight_layout()
     return fig
