@@ -70,13 +70,15 @@ def counting(layout):
 def k_virtual_layout(block_size):
     """(token, channel) of a K tile -> offset, as if the tile's pages were stored back to back."""
     page = block_size * HEAD_DIM
-    return fx.make_layout(((block_size, TILE_TOKENS // block_size), HEAD_DIM), ((HEAD_DIM, page), 1))
+    return fx.make_layout(((block_size, TILE_TOKENS // block_size), HEAD_DIM), ((HEAD_DIM, page),
+                                                                                1))
 
 
 def v_virtual_layout(block_size):
-    """(channel, token) of a V tile -> offset, pages back to back; a V page is ``[HEAD_DIM, block_size]``."""
+    """(channel, token) of a V tile -> offset, its pages ([HEAD_DIM, block_size]) back to back."""
     page = block_size * HEAD_DIM
-    return fx.make_layout((HEAD_DIM, (block_size, TILE_TOKENS // block_size)), (block_size, (1, page)))
+    return fx.make_layout((HEAD_DIM, (block_size, TILE_TOKENS // block_size)), (block_size, (1,
+                                                                                             page)))
 
 
 def physical_offsets(virtual, tile, block_table_row, last_page, num_kv_heads, kv_head, block_size):
@@ -139,21 +141,27 @@ def zero_tokens_past(frag, first_token, n_valid):
     keep_bytes = [fx.max(fx.min(n_valid - first_token[i], 8), 0) for i in range_constexpr(n)]
     keep_bytes = fx.Vector.from_elements(keep_bytes, dtype=fx.Int32)
     ones = fx.Vector.filled(n, 1, fx.Int64)
-    mask = (keep_bytes >= 8).select(fx.Vector.filled(n, -1, fx.Int64), (ones << (keep_bytes * 8).to(fx.Int64)) - 1)
+    mask = (keep_bytes >= 8).select(fx.Vector.filled(n, -1, fx.Int64),
+                                    (ones << (keep_bytes * 8).to(fx.Int64)) - 1)
     frag.store((frag.load().bitcast(fx.Int64) & mask).bitcast(frag.element_type))
 
 
-def quantize_query(query, seq, kv_head, tid, row, group_size, fp8, fp8_max_, sQ, log2_scale, k_scale):
+def quantize_query(query, seq, kv_head, tid, row, group_size, fp8, fp8_max_, sQ, log2_scale,
+                   k_scale):
     """Part 1: this kv head's query rows to fp8 in LDS ``sQ``, one scale per row; returns the
     thread's row factor (raw score -> log2 units)."""
-    q_rows = fx.slice(fx.zipped_divide(query[seq, None, None], (group_size, HEAD_DIM)), (None, (kv_head, 0)))
+    q_rows = fx.slice(fx.zipped_divide(query[seq, None, None], (group_size, HEAD_DIM)), (None,
+                                                                                         (kv_head,
+                                                                                          0)))
     q_atom = fx.make_copy_atom(fx.rocdl.BufferCopy128b(), fx.Float16)
     # threads past the group's rows re-read them (a valid address) and zero them below
-    q_src = row_split_copy(q_atom, group_size, 8).get_slice(tid % (group_size * ROW_THREADS)).partition_S(q_rows)
+    q_src = row_split_copy(q_atom, group_size,
+                           8).get_slice(tid % (group_size * ROW_THREADS)).partition_S(q_rows)
     q_frag = fx.make_fragment_like(q_src)
     fx.copy(q_atom, q_src, q_frag)
     q = q_frag.load().to(fx.Float32)
-    q = (row < group_size).select(q, fx.Vector.filled_like(q, 0.0))  # rows 8-15 of a group of 8: padding
+    # rows 8-15 of a group of 8: padding
+    q = (row < group_size).select(q, fx.Vector.filled_like(q, 0.0))
     q_amax = row_allreduce(fx.absf(q).reduce(ReductionOp.MAX), fx.maxnumf)
     q_codes = to_fp8(q * (fx.Float32(fp8_max_) * rcp(fx.maxnumf(q_amax, fx.Float32(1e-30)))), fp8)
     lds64 = fx.make_copy_atom(fx.UniversalCopy64b(), fp8)
@@ -161,7 +169,8 @@ def quantize_query(query, seq, kv_head, tid, row, group_size, fp8, fp8_max_, sQ,
     sq_frag = fx.make_fragment_like(sq_dst)
     sq_frag.store(q_codes)
     fx.copy(lds64, sq_frag, sq_dst)
-    row_factor = q_amax * fx.Float32(log2_scale / fp8_max_) * k_scale  # see "where every scale goes"
+    # see "where every scale goes"
+    row_factor = q_amax * fx.Float32(log2_scale / fp8_max_) * k_scale
     fx.gpu.barrier()
     return row_factor
 
@@ -169,51 +178,55 @@ def quantize_query(query, seq, kv_head, tid, row, group_size, fp8, fp8_max_, sQ,
 class Tiles:
     """Part 2 (loop-invariant operand copies and index tensors) and the phases of part 3."""
 
-    def __init__(self, fp8, tid, block_size, group_size, sQ, sS, sP, block_tables, seq, kv_head, context_len, out):
+    def __init__(self, fp8, tid, block_size, group_size, sQ, sS, sP, block_tables, seq, kv_head,
+                 context_len, out):
         chunk = TILE_TOKENS // ROW_THREADS  # scores per thread in the softmax phase
         self.tiled_mma = make_tiled_mma(fp8)
         self.thr_mma = thr_mma = self.tiled_mma.thr_slice(tid)
+        # the operand copies: A (Q or P) from LDS, B (K or V) from the cache, C (scores) to LDS
         self.lds64 = fx.make_copy_atom(fx.UniversalCopy64b(), fp8)
-        self.a_copy = fx.make_tiled_copy_A(self.lds64, self.tiled_mma).get_slice(tid)  # A (Q or P) from LDS
+        self.a_copy = fx.make_tiled_copy_A(self.lds64, self.tiled_mma).get_slice(tid)
         self.gather64 = fx.make_copy_atom(fx.rocdl.BufferCopy64b(), fp8)
-        self.b_copy = fx.make_tiled_copy_B(self.gather64, self.tiled_mma).get_slice(tid)  # B (K or V) from the cache
+        self.b_copy = fx.make_tiled_copy_B(self.gather64, self.tiled_mma).get_slice(tid)
         self.s32 = fx.make_copy_atom(fx.UniversalCopy32b(), fx.Float32)
-        self.c_copy = fx.make_tiled_copy_C(self.s32, self.tiled_mma).get_slice(tid)  # scores to LDS
-
+        self.c_copy = fx.make_tiled_copy_C(self.s32, self.tiled_mma).get_slice(tid)
         self.q_mma = thr_mma.make_fragment_A(sQ)  # Q stays in registers for the whole loop
         fx.copy(self.lds64, self.a_copy.partition_S(sQ), self.a_copy.retile(self.q_mma))
-
         self.k_layout = k_virtual_layout(block_size)
         self.v_layout = v_virtual_layout(block_size)
-        self.k_virtual = self.b_copy.partition_S(counting(self.k_layout))[(0, None), None, None]  # one offset per 8-byte piece
+        # one offset per 8-byte piece; token_of: V tile coordinate -> token
+        self.k_virtual = self.b_copy.partition_S(counting(self.k_layout))[(0, None), None, None]
         self.v_virtual = self.b_copy.partition_S(counting(self.v_layout))[(0, None), None, None]
-        token_of = counting(fx.make_layout((HEAD_DIM, TILE_TOKENS), (0, 1)))  # V tile coordinate -> token
+        token_of = counting(fx.make_layout((HEAD_DIM, TILE_TOKENS), (0, 1)))
         v_first_token = self.b_copy.partition_S(token_of)[(0, None), None, None].load()
         self.v_first_token = v_first_token.reshape(v_first_token.numel)
         self.block_table_row = block_tables[seq, None]
         self.last_page = (context_len - 1) // block_size
-
         self.sm_atom = fx.make_copy_atom(fx.UniversalCopy128b(), fx.Float32)
         self.sm_copy = row_split_copy(self.sm_atom, MMA_ROWS, chunk).get_slice(tid)
-        self.s_token = self.sm_copy.partition_S(counting(fx.make_layout((MMA_ROWS, TILE_TOKENS), (0, 1)))).load()
+        s_token_of = counting(fx.make_layout((MMA_ROWS, TILE_TOKENS), (0, 1)))
+        self.s_token = self.sm_copy.partition_S(s_token_of).load()
         self.p_atom = fx.make_copy_atom(fx.UniversalCopy128b(), fp8)
         self.p_dst = row_split_copy(self.p_atom, MMA_ROWS, chunk).get_slice(tid).partition_D(sP)
 
-        out_rows = fx.slice(fx.zipped_divide(out[seq, None, None], (group_size, HEAD_DIM)), (None, (kv_head, 0)))
-        self.out_tile = fx.make_view(fx.get_iter(out_rows), fx.make_layout((MMA_ROWS, HEAD_DIM), (HEAD_DIM, 1)))
+        out_groups = fx.zipped_divide(out[seq, None, None], (group_size, HEAD_DIM))
+        out_rows = fx.slice(out_groups, (None, (kv_head, 0)))
+        out_layout = fx.make_layout((MMA_ROWS, HEAD_DIM), (HEAD_DIM, 1))
+        self.out_tile = fx.make_view(fx.get_iter(out_rows), out_layout)
         o_row = thr_mma.partition_C(counting(fx.make_layout((MMA_ROWS, HEAD_DIM), (1, 0)))).load()
         self.o_row = o_row.reshape(o_row.numel)  # query row of each of this thread's output values
         self.sQ, self.sS, self.sP, self.block_size = sQ, sS, sP, block_size
 
     def offsets(self, virtual, tile, num_kv_heads, kv_head):
-        return physical_offsets(virtual, tile, self.block_table_row, self.last_page, num_kv_heads, kv_head,
-                                self.block_size)
+        return physical_offsets(virtual, tile, self.block_table_row, self.last_page, num_kv_heads,
+                                kv_head, self.block_size)
 
 
 def tile_scores(t, tile, key_cache, num_kv_heads, kv_head):
     """S = Q·Kᵀ for one tile, K gathered page by page straight into the B fragments; S to LDS."""
     k_mma = t.thr_mma.make_fragment_B(fx.make_view(fx.get_iter(key_cache), t.k_layout))
-    fx.gather(t.gather64, fx.get_iter(key_cache), t.offsets(t.k_virtual, tile, num_kv_heads, kv_head),
+    fx.gather(t.gather64, fx.get_iter(key_cache), t.offsets(t.k_virtual, tile, num_kv_heads,
+                                                            kv_head),
               t.b_copy.retile(k_mma))
     s_mma = t.thr_mma.make_fragment_C(t.sS)
     s_mma.fill(0.0)
@@ -246,7 +259,8 @@ def tile_pv(t, tile, value_cache, num_kv_heads, kv_head, n_valid, o_old, sRow):
     fx.copy(t.lds64, t.a_copy.partition_S(t.sP), t.a_copy.retile(p_mma))
     v_mma = t.thr_mma.make_fragment_B(fx.make_view(fx.get_iter(value_cache), t.v_layout))
     v_frag = t.b_copy.retile(v_mma)
-    fx.gather(t.gather64, fx.get_iter(value_cache), t.offsets(t.v_virtual, tile, num_kv_heads, kv_head), v_frag)
+    fx.gather(t.gather64, fx.get_iter(value_cache), t.offsets(t.v_virtual, tile, num_kv_heads,
+                                                              kv_head), v_frag)
     zero_tokens_past(v_frag, t.v_first_token, n_valid)
     pv = fx.make_fragment_like(t.thr_mma.partition_C(t.out_tile), fx.Float32)
     pv.fill(0.0)
@@ -259,9 +273,12 @@ def tile_pv(t, tile, value_cache, num_kv_heads, kv_head, n_valid, o_old, sRow):
 
 
 def normalized_output(t, final, sRow, v_scale, fp8_max_, tid):
-    """O / l, with P's FP8_MAX and V's scale folded back in: ``(copy atom, src, dst)`` of the f16 store."""
+    """O / l, with P's FP8_MAX and V's scale folded back in.
+
+    Returns ``(copy atom, src, dst)`` of the f16 store."""
     o_row = t.o_row
-    inv_l = fx.Vector.from_elements([rcp(sRow[o_row[i]]) for i in range_constexpr(o_row.numel)], dtype=fx.Float32)
+    inv_l = fx.Vector.from_elements([rcp(sRow[o_row[i]]) for i in range_constexpr(o_row.numel)],
+                                    dtype=fx.Float32)
     o = fx.Vector(final[2]) * inv_l * (v_scale * fx.Float32(1.0 / fp8_max_))
     o_out = fx.make_fragment_like(t.thr_mma.partition_C(t.out_tile))
     o_out.store(o.to(fx.Float16))
@@ -284,7 +301,7 @@ def shared_storage(fp8):
 
 
 def lds_views(lds):
-    """``(sQ, sS, sP, sRow)``: the arrays of an allocated ``shared_storage``, as row-major tensors."""
+    """``(sQ, sS, sP, sRow)``: an allocated ``shared_storage``'s arrays, as row-major tensors."""
     sQ = lds.q.view(fx.make_layout((MMA_ROWS, HEAD_DIM), (HEAD_DIM, 1)))
     sS = lds.s.view(fx.make_layout((MMA_ROWS, TILE_TOKENS), (TILE_TOKENS, 1)))
     sP = lds.p.view(fx.make_layout((MMA_ROWS, TILE_TOKENS), (TILE_TOKENS, 1)))
@@ -297,24 +314,24 @@ def build_launcher(arch, block_size, group_size, softmax_scale):
     """The stage-1 ``@flyc.jit`` launcher for one configuration (all four are compile-time)."""
     fp8, fp8_max_ = FX_FP8[fp8_format(arch)], fp8_max(arch)
     SharedStorage = shared_storage(fp8)
-
-    def paged_decode_kernel(query: fx.Tensor, key_cache: fx.Tensor, value_cache: fx.Tensor, block_tables: fx.Tensor,
-                            context_lengths: fx.Tensor, key_scale: fx.Tensor, value_scale: fx.Tensor, out: fx.Tensor,
+    def paged_decode_kernel(query: fx.Tensor, key_cache: fx.Tensor, value_cache: fx.Tensor,
+                            block_tables: fx.Tensor, context_lengths: fx.Tensor,
+                            key_scale: fx.Tensor, value_scale: fx.Tensor, out: fx.Tensor,
                             num_kv_heads: fx.Int32):
         tid, seq, kv_head = fx.thread_idx.x, fx.block_idx.x, fx.block_idx.y
-        row, part = tid // ROW_THREADS, tid % ROW_THREADS  # row-wise phases: this thread's query row, its sixteenth
-        query, key_cache, value_cache, block_tables, out = (
-            fx.rocdl.make_buffer_tensor(x) for x in (query, key_cache, value_cache, block_tables, out))
+        row, part = tid // ROW_THREADS, tid % ROW_THREADS  # row-wise phases: row, its sixteenth
+        tensors = (query, key_cache, value_cache, block_tables, out)
+        query, key_cache, value_cache, block_tables, out = map(fx.rocdl.make_buffer_tensor, tensors)
         context_len = fx.Int32(context_lengths[seq])
         k_scale, v_scale = fx.Float32(key_scale[0]), fx.Float32(value_scale[0])
         sQ, sS, sP, sRow = lds_views(fx.SharedAllocator().allocate(SharedStorage).peek())
-
         row_factor = quantize_query(query, seq, kv_head, tid, row, group_size, fp8, fp8_max_, sQ,
-                                    softmax_scale * LOG2E, k_scale)  # softmax in base 2: exp(x) = exp2(x·log2 e)
-        t = Tiles(fp8, tid, block_size, group_size, sQ, sS, sP, block_tables, seq, kv_head, context_len, out)
-
+                                    softmax_scale * LOG2E, k_scale)
+        t = Tiles(fp8, tid, block_size, group_size, sQ, sS, sP, block_tables, seq, kv_head,
+                  context_len, out)
         num_tiles = (context_len + TILE_TOKENS - 1) // TILE_TOKENS
-        init = [fx.Float32(float("-inf")), fx.Float32(0.0), fx.Vector.filled(t.o_row.numel, 0.0, fx.Float32)]
+        o_zero = fx.Vector.filled(t.o_row.numel, 0.0, fx.Float32)
+        init = [fx.Float32(float("-inf")), fx.Float32(0.0), o_zero]
         for tile, state in range(fx.Int32(0), num_tiles, fx.Int32(1), init=init):
             tile = fx.Int32(tile)
             n_valid = context_len - tile * TILE_TOKENS  # tokens of this tile inside the context
@@ -324,10 +341,10 @@ def build_launcher(arch, block_size, group_size, softmax_scale):
             if part == 0:
                 fx.memref_store(correction, sRow, row)
             fx.gpu.barrier()
-            o_new = tile_pv(t, tile, value_cache, num_kv_heads, kv_head, n_valid, fx.Vector(state[2]), sRow)
+            o_new = tile_pv(t, tile, value_cache, num_kv_heads, kv_head, n_valid,
+                            fx.Vector(state[2]), sRow)
             fx.gpu.barrier()
             final = yield [m_new, l_new, o_new]
-
         if part == 0:
             fx.memref_store(fx.Float32(final[1]), sRow, row)
         fx.gpu.barrier()
@@ -339,23 +356,27 @@ def build_launcher(arch, block_size, group_size, softmax_scale):
     return jit_launcher(paged_decode_kernel, contract=False)
 
 
-def launch_args(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale, *,
+def launch_args(query, key_cache, value_cache, block_tables, context_lengths, key_scale,
+                value_scale, *,
                 softmax_scale=None, out=None, arch=None):
     """``(launcher, args, arch)`` after validation, with nothing compiled or launched:
     ``launcher(*args)`` (inside ``pa_tile.toolchain.target_arch(arch)``) runs the kernel and
     fills ``args[0]``, the output; ``pa_tile.toolchain.compile_isa(launcher, *args,
     arch=arch)`` shows its assembly. Same arguments as ``paged_decode``."""
-    p = problem.describe(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale,
+    p = problem.describe(query, key_cache, value_cache, block_tables, context_lengths, key_scale,
+                         value_scale,
                          limits=LIMITS, softmax_scale=softmax_scale, arch=arch)
     ks, vs = problem.scale_tensors(p, key_scale, value_scale)
     fp8 = torch.float8_e4m3fnuz if fp8_format(p.arch) == "fnuz" else torch.float8_e4m3fn
-    args = (problem.output(p, query, out), query.contiguous(), key_cache.view(torch.uint8).view(fp8),
+    args = (problem.output(p, query, out), query.contiguous(),
+            key_cache.view(torch.uint8).view(fp8),
             value_cache.view(torch.uint8).view(fp8), block_tables, context_lengths, ks, vs,
             p.num_seqs, p.num_kv_heads)
     return build_launcher(p.arch, p.block_size, p.group, p.softmax_scale), args, p.arch
 
 
-def paged_decode(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale, *,
+def paged_decode(query, key_cache, value_cache, block_tables, context_lengths, key_scale,
+                 value_scale, *,
                  softmax_scale=None, out=None, arch=None):
     """fp8 paged decode attention (stage 1); returns ``out`` ``[num_seqs, num_q_heads, 128]`` f16.
 
@@ -364,9 +385,11 @@ def paged_decode(query, key_cache, value_cache, block_tables, context_lengths, k
     gfx942, OCP on gfx950; uint8 accepted); values are ``code * key_scale`` / ``code *
     value_scale`` (float32 [1] or floats, > 0). ``block_tables`` ``[num_seqs, max_blocks]`` int32,
     ``context_lengths`` ``[num_seqs]`` int32 (>= 1). ``softmax_scale`` defaults to 1/sqrt(128);
-    ``arch`` to the tensors' device (the emulator's for CPU tensors). Validation: ``pa_tile.problem``.
+    ``arch`` to the tensors' device (the emulator's for CPU tensors).
+    Validation: ``pa_tile.problem``.
     """
-    launcher, args, arch = launch_args(query, key_cache, value_cache, block_tables, context_lengths, key_scale,
+    launcher, args, arch = launch_args(query, key_cache, value_cache, block_tables,
+                                       context_lengths, key_scale,
                                        value_scale, softmax_scale=softmax_scale, out=out, arch=arch)
     launching.launch(launcher, args, arch=arch)
     return args[0]
