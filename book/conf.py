@@ -11,7 +11,12 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
+import posixpath
 from pathlib import Path
+from urllib.parse import urlsplit
+
+from docutils import nodes
+from sphinx.transforms.post_transforms import SphinxPostTransform
 
 ROOT = Path(__file__).resolve().parent.parent
 _spec = importlib.util.spec_from_file_location("build_book", ROOT / "scripts" / "build_book.py")
@@ -91,5 +96,26 @@ def _fill_generated(app, docname: str, source: list[str]) -> None:
         source[0] += _api_reference()
 
 
+class _OutputLinksToPages(SphinxPostTransform):
+    """A link in a notebook's Markdown *output* (``pa_tile.show.md``) to another page's source
+    (``appendix_x.ipynb``, ``../docs/glossary.md#a``) points at that page's HTML. myst-nb leaves
+    such links as written (an external reference), unlike the same link in a markdown cell."""
+
+    default_priority = 5
+    formats = ("html",)
+
+    def run(self, **kwargs):
+        here = self.env.docname
+        for ref in self.document.findall(nodes.reference):
+            uri = urlsplit(ref.get("refuri", ""))
+            if uri.scheme or uri.netloc or not uri.path.endswith((".ipynb", ".md")):
+                continue
+            target = posixpath.normpath(posixpath.join(posixpath.dirname(here), uri.path)).rsplit(".", 1)[0]
+            if target in self.env.found_docs:
+                ref["refuri"] = self.app.builder.get_relative_uri(here, target) + (
+                    f"#{uri.fragment}" if uri.fragment else "")
+
+
 def setup(app):
     app.connect("source-read", _fill_generated)
+    app.add_post_transform(_OutputLinksToPages)

@@ -17,6 +17,7 @@ with no network. Needs the ``book`` extra (``pip install -e ".[book]"``; ``./run
 from __future__ import annotations
 
 import argparse
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -49,11 +50,15 @@ def build(out: Path = DEFAULT_OUT, *, doctrees: Path | None = None, warnings_fil
           quiet: bool = True) -> subprocess.CompletedProcess:
     """Run sphinx-build (html) into ``out``; raises CalledProcessError with its output on failure.
 
-    Incremental: an unchanged page is not rewritten when ``doctrees`` is kept between builds.
+    Always from scratch (a page of a renamed chapter would otherwise stay behind, and an edit of
+    conf.py's code would not reach unchanged pages): an earlier build in ``out`` (a Sphinx
+    output, it has ``.buildinfo``) is removed first.
     """
     out = Path(out)
     doctrees = Path(doctrees) if doctrees else out.parent / "doctrees"
-    cmd = [sys.executable, "-m", "sphinx", "-b", "html", "-c", str(BOOK), "-d", str(doctrees)]
+    if (out / ".buildinfo").is_file():
+        shutil.rmtree(out)
+    cmd = [sys.executable, "-m", "sphinx", "-E", "-b", "html", "-c", str(BOOK), "-d", str(doctrees)]
     if quiet:
         cmd.append("-q")
     if warnings_file:
