@@ -313,3 +313,103 @@ def test_fast_ds_out_of_bounds_faults_like_the_reference():
             run_wave(_program("ds_read_b128 v[4:7], v1 offset:8", "gfx942"), w, arch="gfx942", engine=engine)
         msgs.append(str(e.value))
     assert msgs[0] == msgs[1]
+
+
+# --------------------------------------------------------------------------- straight-line blocks
+
+BLOCK_VALU = ["v_mov_b32_e32 v{d}, {s}", "v_not_b32_e32 v{d}, {s}", "v_add_u32_e32 v{d}, {s}, v{b}",
+              "v_sub_u32_e32 v{d}, {s}, v{b}", "v_subrev_u32_e32 v{d}, {s}, v{b}", "v_and_b32_e32 v{d}, {s}, v{b}",
+              "v_or_b32_e32 v{d}, {s}, v{b}", "v_xor_b32_e32 v{d}, {s}, v{b}", "v_lshlrev_b32_e32 v{d}, {s}, v{b}",
+              "v_lshrrev_b32_e32 v{d}, {s}, v{b}", "v_ashrrev_i32_e32 v{d}, {s}, v{b}",
+              "v_max_i32_e32 v{d}, {s}, v{b}", "v_min_i32_e32 v{d}, {s}, v{b}", "v_max_u32_e32 v{d}, {s}, v{b}",
+              "v_min_u32_e32 v{d}, {s}, v{b}", "v_med3_i32 v{d}, {s}, v{b}, v{c}", "v_mul_lo_u32 v{d}, {s}, v{b}",
+              "v_add3_u32 v{d}, {s}, v{b}, v{c}", "v_lshl_add_u32 v{d}, v{b}, {s}, v{c}",
+              "v_add_lshl_u32 v{d}, v{b}, {s}, v{c}", "v_lshl_or_b32 v{d}, v{b}, {s}, v{c}",
+              "v_and_or_b32 v{d}, v{b}, {s}, v{c}", "v_or3_b32 v{d}, v{b}, {s}, v{c}",
+              "v_bfe_u32 v{d}, v{b}, {s}, v{c}", "v_cndmask_b32_e32 v{d}, {s}, v{b}, vcc",
+              "v_cndmask_b32_e64 v{d}, {s}, v{b}, s[{p}:{p1}]", "v_cndmask_b32_e64 v{d}, -{s}, |v{b}|, s[{p}:{p1}]",
+              "v_cmp_gt_i32_e32 vcc, {s}, v{b}", "v_cmp_lt_u32_e32 vcc, {s}, v{b}", "v_cmp_ne_u32_e64 s[{p}:{p1}], {s}, v{b}",
+              "v_cmp_eq_i32_e64 s[{p}:{p1}], v{b}, {s}", "v_cmp_le_i32_e32 vcc, {s}, v{b}",
+              "v_cmp_ge_u32_e32 vcc, {s}, v{b}",
+              "v_max_f32_e32 v{d}, {s}, v{b}", "v_fma_f32 v{d}, {s}, v{b}, v{c}", "v_fmac_f32_e32 v{d}, {s}, v{b}",
+              "v_pk_fma_f32 v[{d}:{d1}], v[{b}:{b1}], v[{c}:{c1}], v[{d}:{d1}] op_sel_hi:[0,1,1]",
+              "v_cvt_pk_fp8_f32 v{d}, {s}, v{b} op_sel:[0,0,1]",
+              "v_mfma_f32_16x16x32_fp8_fp8 v[16:19], v[{b}:{b1}], v[{c}:{c1}], v[16:19]"]
+BLOCK_SALU = ["s_mov_b32 s{d}, {t}", "s_mov_b64 s[{p}:{p1}], s[{q}:{q1}]", "s_add_u32 s{d}, {t}, s{e}",
+              "s_sub_u32 s{d}, {t}, s{e}", "s_add_i32 s{d}, {t}, s{e}", "s_sub_i32 s{d}, {t}, s{e}",
+              "s_mul_i32 s{d}, {t}, s{e}", "s_and_b32 s{d}, {t}, s{e}", "s_or_b32 s{d}, {t}, s{e}",
+              "s_xor_b32 s{d}, {t}, s{e}", "s_andn2_b32 s{d}, {t}, s{e}", "s_and_b64 s[{p}:{p1}], s[{q}:{q1}], -1",
+              "s_or_b64 s[{p}:{p1}], s[{q}:{q1}], s[{p}:{p1}]", "s_xor_b64 s[{p}:{p1}], s[{q}:{q1}], 0x1234",
+              "s_andn2_b64 s[{p}:{p1}], s[{q}:{q1}], s[{p}:{p1}]", "s_lshl_b32 s{d}, {t}, s{e}",
+              "s_lshr_b32 s{d}, {t}, s{e}", "s_ashr_i32 s{d}, {t}, s{e}", "s_lshl_b64 s[{p}:{p1}], s[{q}:{q1}], s{e}",
+              "s_lshr_b64 s[{p}:{p1}], s[{q}:{q1}], {t}", "s_min_i32 s{d}, {t}, s{e}", "s_max_i32 s{d}, {t}, s{e}",
+              "s_min_u32 s{d}, {t}, s{e}", "s_max_u32 s{d}, {t}, s{e}", "s_cselect_b32 s{d}, {t}, s{e}",
+              "s_cselect_b64 s[{p}:{p1}], -1, 0", "s_cmp_lt_i32 {t}, s{e}", "s_cmp_eq_u32 s{d}, {t}",
+              "s_cmp_lg_u32 {t}, s{e}", "s_cmp_gt_i32 s{e}, {t}", "s_cmp_ge_u32 s{e}, {t}", "s_cmp_le_i32 {t}, s{e}",
+              "s_waitcnt lgkmcnt(0)", "s_nop 1", "s_and_b64 exec, exec, s[{p}:{p1}]", "s_mov_b64 exec, s[{q}:{q1}]",
+              "s_or_b64 exec, exec, s[{q}:{q1}]"]
+
+
+def _random_block(rng, n):
+    lines = []
+    for _ in range(n):
+        form = rng.choice(BLOCK_VALU if rng.random() < 0.6 else BLOCK_SALU)
+        d, b, c = (int(x) for x in rng.integers(0, 14, 3) * 2)
+        p, q = (int(x) for x in rng.integers(10, 30, 2) * 2)
+        s = rng.choice([f"v{int(rng.integers(0, 28))}", f"s{int(rng.integers(0, 60))}",
+                        str(int(rng.integers(-16, 65))), "0x3f800000", "0.5", "0xfffff000"])
+        t = rng.choice([f"s{int(rng.integers(0, 60))}", str(int(rng.integers(-16, 65))), "0x80000000", "0xabcdef"])
+        lines.append(form.format(d=d, d1=d + 1, b=b, b1=b + 1, c=c, c1=c + 1, p=p, p1=p + 1, q=q, q1=q + 1,
+                                 e=int(rng.integers(0, 60)), s=s, t=t))
+    return "\n".join(lines)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_random_straight_line_blocks_equal_reference(arch):
+    """Random runs of the block operations (SCC producers and consumers, EXEC writes in the
+    middle, sources of every kind) run as one C block under the fast engine and one handler at a
+    time under the reference one: every register, SCC and EXEC the same."""
+    from pa_tile.emu.machine import run_code
+
+    rng = np.random.default_rng(7 if arch == "gfx942" else 8)
+    for trial in range(150):
+        body = _random_block(rng, int(rng.integers(2, 40)))
+        prog = _program(body, arch)
+        fast_code = run_code(prog, "k", arch, "fast")
+        assert fast_code[prog.kernel("k").entry].__qualname__.startswith("_block_handler")
+        v, _ = _registers(trial)
+        sregs = rng.integers(0, 1 << 32, 128, dtype=np.uint64).astype(np.uint32)
+        sregs[rng.integers(0, 128, 20)] = rng.integers(0, 40, 20)   # small shift counts and values
+        exec_mask = int(rng.integers(0, 1 << 63)) * 2 + 1 if trial % 3 else (1 << 64) - 1
+        out = []
+        for engine in ("fast", "reference"):
+            w = Wave(arch)
+            w.v[:64] = v
+            w.s[:] = sregs
+            w.scc = int(trial % 2)
+            w.exec = exec_mask
+            run_wave(prog, w, arch=arch, engine=engine)
+            out.append((w.v.copy(), w.s.copy(), w.scc, w.em.copy(), w.eall))
+        (vf, sf, cf, ef, af), (vr, sr, cr, er, ar) = out
+        assert np.array_equal(vf, vr) and np.array_equal(sf, sr), body
+        assert cf == cr and np.array_equal(ef, er) and af == ar, body
+
+
+def test_blocks_stop_at_labels_and_branches():
+    """A branch target inside a run starts a new block; a loop runs through blocks the same."""
+    from pa_tile.emu.machine import run_code
+
+    body = ("s_mov_b32 s0, 0\ns_mov_b32 s1, 5\n.L1:\ns_add_u32 s0, s0, 3\nv_add_u32_e32 v1, s0, v1\n"
+            "s_sub_u32 s1, s1, 1\ns_cmp_lg_u32 s1, 0\ns_cbranch_scc1 .L1\nv_mov_b32_e32 v2, s0")
+    prog = _program(body, "gfx942")
+    code = run_code(prog, "k", "gfx942", "fast")
+    names = [getattr(h, "__qualname__", "") for h in code[:8]]
+    assert names[0].startswith("_block_handler") and names[2].startswith("_block_handler")
+    outs = []
+    for engine in ("fast", "reference"):
+        w = Wave("gfx942")
+        w.v[1] = np.arange(64, dtype=np.uint32)
+        run_wave(prog, w, arch="gfx942", engine=engine)
+        outs.append((w.v[:4].copy(), w.s[:4].copy(), w.scc))
+    assert np.array_equal(outs[0][0], outs[1][0]) and np.array_equal(outs[0][1], outs[1][1])
+    assert outs[0][2] == outs[1][2] and outs[0][1][0] == 15

@@ -185,7 +185,10 @@ def decode_kernel(program: Program, kernel_name: Optional[str] = None, arch: Opt
         try:
             code[i] = builder(ctx)
             if ctx.base in fast:
-                code[i] = fast[ctx.base](ctx, code[i])
+                # a fresh context: some reference builders rewrite theirs (operands, base name)
+                fctx = DecodeCtx(ins, kernel, arch, program.labels, i)
+                if fctx.base in fast:
+                    code[i] = fast[fctx.base](fctx, code[i])
         except UnsupportedInstruction:
             raise
         except Exception as e:  # a builder tripping over an operand form it did not expect
@@ -195,6 +198,25 @@ def decode_kernel(program: Program, kernel_name: Optional[str] = None, arch: Opt
             ) from e
     cache[key] = code
     return code
+
+
+def run_code(program: Program, kernel_name: Optional[str], arch: str, engine: Optional[str] = None) -> List:
+    """The handlers the run-to-barrier loop uses when nothing counts single instructions (no
+    trace, no ``quantum``): under the fast engine, runs of straight-line instructions the C
+    library covers become one handler each (``ops_fast.block_code``); otherwise
+    :func:`decode_kernel`'s list itself."""
+    engine = check_engine(engine)
+    code = decode_kernel(program, kernel_name, arch, engine)
+    if engine != "fast" or not ops_fast.available():
+        return code
+    kernel = program.kernel(kernel_name)
+    cache = program.__dict__.setdefault("_decoded", {})
+    key = (kernel.name, arch, "fast-blocks")
+    if key not in cache:
+        cache[key] = ops_fast.block_code(
+            program, kernel, arch, code,
+            lambda i: DecodeCtx(program.instructions[i], kernel, arch, program.labels, i))
+    return cache[key]
 
 
 # --------------------------------------------------------------------------- execution
@@ -354,7 +376,7 @@ def run_wave(program: Program, wave: Wave, kernel_name: Optional[str] = None, ar
     touches memory, ``wave.mem`` / ``wave.lds`` (and ``wave.scratch``, an
     ``ops_scratch.PrivateSegment``, for scratch). For unit tests and demonstrations."""
     kernel = program.kernel(kernel_name)
-    code = decode_kernel(program, kernel.name, arch or wave.arch, engine)
+    code = run_code(program, kernel.name, arch or wave.arch, engine)
     wave.pc = kernel.entry
     with np.errstate(all="ignore"):
         while _run_wave(wave, code, None) != END:
@@ -435,7 +457,8 @@ def run_kernel(
     ``False`` never.
     """
     kernel = program.kernel(kernel_name)
-    code = decode_kernel(program, kernel.name, arch, engine)
+    code = (run_code(program, kernel.name, arch, engine) if trace is None and quantum is None
+            else decode_kernel(program, kernel.name, arch, engine))
     grid3, block3 = _dims(grid, "grid"), _dims(block, "block")
     threads = block3[0] * block3[1] * block3[2]
     if threads > 1024:

@@ -213,7 +213,7 @@ def _buffer_load(ctx, ref):
     from .memory import GlobalMemory
 
     m = ctx.mods
-    if set(m) - {"offset", "offen", "glc", "slc", "nt", "sc0", "sc1"}:
+    if set(m) - {"offset", "offen", "glc", "slc", "nt", "sc0", "sc1"} or len(ctx.ops) != 4:
         return ref
     dst_o, vaddr, srsrc, soffset = ctx.ops
     offen = bool(m.get("offen"))
@@ -254,7 +254,7 @@ def _ds(ctx, ref, write):
     """ds_read_b32..b128 / ds_write_b32..b128, untraced, in an LDS that faults out of bounds:
     the access, the race checker's bookkeeping and the registers as ops_ds does them; a lane out
     of bounds or a race to report runs the reference handler instead (which reports it)."""
-    if set(ctx.mods) - {"offset"}:
+    if set(ctx.mods) - {"offset"} or len(ctx.ops) != 2:
         return ref
     data_o, addr_o = (ctx.ops[1], ctx.ops[0]) if write else (ctx.ops[0], ctx.ops[1])
     nregs = _DS_DWORDS[ctx.base.rsplit("_", 1)[1]]
@@ -289,3 +289,241 @@ def _ds(ctx, ref, write):
 for _k in _DS_DWORDS:
     FAST[f"ds_read_{_k}"] = lambda ctx, ref: _ds(ctx, ref, False)
     FAST[f"ds_write_{_k}"] = lambda ctx, ref: _ds(ctx, ref, True)
+
+
+# --------------------------------------------------------------------------- straight-line blocks
+#
+# Consecutive instructions that the C library can run (each described by an entry of
+# ``pa_run_block``'s table, mirroring its reference handler) and that no branch can enter in the
+# middle (no label among them) run as one call. Used only where instructions are neither counted
+# nor interleaved one at a time (no trace, no ``quantum``): ``machine`` asks :func:`block_code`.
+
+INSN = np.dtype([("op", "<i4"), ("dst", "<i4"), ("a", "<i8"), ("b", "<i8"), ("c", "<i8"), ("d", "<i8"),
+                 ("e", "<i8")])
+_OPS = ["nop", "v_mov_b32", "v_not_b32", "v_add_u32", "v_sub_u32", "v_subrev_u32", "v_and_b32", "v_or_b32",
+        "v_xor_b32", "v_lshlrev_b32", "v_lshrrev_b32", "v_ashrrev_i32", "v_max_i32", "v_min_i32", "v_max_u32",
+        "v_min_u32", "v_med3_i32", "v_mul_lo_u32", "v_add3_u32", "v_lshl_add_u32", "v_add_lshl_u32",
+        "v_lshl_or_b32", "v_and_or_b32", "v_or3_b32", "v_bfe_u32", "v_cndmask_b32",
+        "cmp_lt", "cmp_eq", "cmp_le", "cmp_gt", "cmp_ne", "cmp_ge",
+        "s_mov_b32", "s_mov_b64", "s_add_u32", "s_sub_u32", "s_add_i32", "s_sub_i32", "s_mul_i32",
+        "s_and_b32", "s_or_b32", "s_xor_b32", "s_andn2_b32", "s_and_b64", "s_or_b64", "s_xor_b64", "s_andn2_b64",
+        "s_lshl_b32", "s_lshr_b32", "s_ashr_i32", "s_lshl_b64", "s_lshr_b64",
+        "s_min_i32", "s_max_i32", "s_min_u32", "s_max_u32", "s_cselect_b32", "s_cselect_b64",
+        "s_cmp_eq_i32", "s_cmp_lg_i32", "s_cmp_gt_i32", "s_cmp_ge_i32", "s_cmp_lt_i32", "s_cmp_le_i32",
+        "s_cmp_eq_u32", "s_cmp_lg_u32", "s_cmp_gt_u32", "s_cmp_ge_u32", "s_cmp_lt_u32", "s_cmp_le_u32",
+        "valu_f32", "pk_fma", "cvt_pk8", "mfma_fp8"]
+OPCODE = {n: i for i, n in enumerate(_OPS)}
+_NOPS = ("s_nop", "s_waitcnt", "s_setprio", "s_sched_barrier", "sched_barrier", "s_waitcnt_vscnt",
+         "s_waitcnt_vmcnt", "s_waitcnt_lgkmcnt", "s_waitcnt_expcnt")
+_VALU_UNARY = ("v_mov_b32", "v_not_b32")
+_VALU_TYPES = {"v_ashrrev_i32": ("u32", "i32"), "v_max_i32": ("i32", "i32"), "v_min_i32": ("i32", "i32"),
+               "v_med3_i32": ("i32", "i32", "i32")}
+_S64_SRC = {"s_mov_b64": (64,), "s_and_b64": (64, 64), "s_or_b64": (64, 64), "s_xor_b64": (64, 64),
+            "s_andn2_b64": (64, 64), "s_lshl_b64": (64, 32), "s_lshr_b64": (64, 32), "s_cselect_b64": (64, 64)}
+_S64_DST = ("s_mov_b64", "s_and_b64", "s_or_b64", "s_xor_b64", "s_andn2_b64", "s_lshl_b64", "s_lshr_b64",
+            "s_cselect_b64")
+_EXEC = 126
+
+
+def _touches_exec(o, n):
+    return o.kind == "s" and o.index <= _EXEC + 1 and o.index + n > _EXEC
+
+
+def _scalar_src(o, bits):
+    """(code, constant) of a SALU source as ctx.sread reads it, or None."""
+    if o.kind == "s":
+        return (1 | (o.index << 8), 0) if o.count == bits // 32 else None
+    if o.kind == "imm":
+        c = const_bits(o, "b64" if bits == 64 else "b32")
+        return (2, c - (1 << 64) if c >= 1 << 63 else c)
+    return None
+
+
+def block_entry(ctx):
+    """``(entry tuple for INSN, writes EXEC)`` when instruction *ctx* can run inside a block
+    exactly as its reference handler runs it, else None."""
+    base, ops = ctx.base, ctx.ops
+    if base in _NOPS:
+        return (OPCODE["nop"], 0, 0, 0, 0, 0, 0), False
+    if ctx.enc not in ("", "e32", "e64"):
+        return None
+    if base.startswith("v_"):
+        return _valu_entry(ctx, base, ops)
+    if base.startswith("s_") and not ctx.mods:
+        return _salu_entry(base, ops)
+    return None
+
+
+def _valu_entry(ctx, base, ops):
+    if base in _VALU_OPS or base in ("v_pk_fma_f32", "v_cvt_pk_fp8_f32", "v_cvt_pk_bf8_f32") or base in _FP8_MFMAS:
+        return _c_entry(ctx, base, ops)
+    if base.startswith("v_cmp_") and not base.startswith("v_cmpx"):
+        parts = base.split("_")          # v_cmp_<op>_<type>
+        if len(parts) != 4 or parts[3] not in ("i32", "u32") or f"cmp_{parts[2]}" not in OPCODE:
+            return None
+        if set(ctx.mods) - {"clamp"} or ops[0].kind != "s" or ops[0].count != 2:
+            return None
+        a, b = src_code(ops[1], parts[3]), src_code(ops[2], parts[3])
+        if a is None or b is None:
+            return None
+        return (OPCODE[f"cmp_{parts[2]}"], ops[0].index, a, b, int(parts[3] == "u32"), 0, 0), \
+            _touches_exec(ops[0], 2)
+    if base not in OPCODE or ctx.mods or ops[0].kind not in ("v", "a") or ops[0].count != 1:
+        return None
+    if base == "v_cndmask_b32":
+        if len(ops) != 4 or ops[3].kind != "s" or ops[3].count != 2:
+            return None
+        a, b = src_code(ops[1]), src_code(ops[2])
+        if a is None or b is None:
+            return None
+        return (OPCODE[base], ctx.vrow(ops[0]), a, b, ops[3].index, 0, 0), False
+    n = 1 if base in _VALU_UNARY else 3 if OPCODE[base] >= OPCODE["v_med3_i32"] and base != "v_mul_lo_u32" else 2
+    if len(ops) != 1 + n:
+        return None
+    types = _VALU_TYPES.get(base, ("u32",) * n)
+    codes = [src_code(o, t) for o, t in zip(ops[1:], types)]
+    if any(c is None for c in codes) or any(o.neg or o.abs for o in ops[1:]):
+        return None
+    codes += [0] * (3 - n)
+    return (OPCODE[base], ctx.vrow(ops[0]), *codes, 0, 0), False
+
+
+def _c_entry(ctx, base, ops):
+    """The single-instruction C paths (above) as block entries, for the forms their builders take."""
+    if base in _VALU_OPS:
+        if not _plain(ctx) or ops[0].kind not in ("v", "a") or ops[0].count != 1:
+            return None
+        op, n = _VALU_OPS[base]
+        srcs = list(ops[1:1 + n]) + ([ops[0]] if base == "v_fmac_f32" else [])
+        codes = [src_code(o) for o in srcs]
+        if any(c is None for c in codes):
+            return None
+        codes += [0] * (3 - len(codes))
+        return (OPCODE["valu_f32"], ctx.vrow(ops[0]), *codes, op, 0), False
+    if base == "v_pk_fma_f32":
+        if not _plain(ctx, ("op_sel", "op_sel_hi", "neg_lo", "neg_hi")) or ops[0].kind not in ("v", "a"):
+            return None
+        codes = [src_code(o, pair=True) for o in ops[1:4]]
+        if any(c is None for c in codes):
+            return None
+        return (OPCODE["pk_fma"], ctx.vrow(ops[0]), *codes, _pk_sel(ctx), 0), False
+    if base in ("v_cvt_pk_fp8_f32", "v_cvt_pk_bf8_f32"):
+        if not _plain(ctx, ("op_sel", "clamp")) or ops[0].kind not in ("v", "a"):
+            return None
+        sel = ctx.mods.get("op_sel", (0, 0, 0))
+        codes = [src_code(o) for o in ops[1:3]]
+        if any(c is None for c in codes):
+            return None
+        kind = "fp8" if base == "v_cvt_pk_fp8_f32" else "bf8"
+        fmt = _fmt_code(kind, ctx.arch, bool(ctx.desc.get("fp16_overflow", 0)))
+        return (OPCODE["cvt_pk8"], ctx.vrow(ops[0]), *codes, int(bool(sel[-1]) if len(sel) == 3 else False),
+                fmt, 0), False
+    # fp8 MFMA
+    if set(ctx.mods) - {"cbsz", "abid", "blgp"} or any(int(ctx.mods.get(k, 0)) for k in ("cbsz", "abid", "blgp")):
+        return None
+    M, N, K, _, _, _ = nx.mfma_shapes(base)
+    d, a, b, c = ops
+    rc, cconst = (ctx.vrow(c), 0) if c.kind in ("v", "a") else (-1, const_bits(c, "f32"))
+    ovfl = int(bool(ctx.desc.get("fp16_overflow", 0)))
+    return (OPCODE["mfma_fp8"], ctx.vrow(d), ctx.vrow(a), ctx.vrow(b), rc,
+            cconst | ovfl << 32 | M << 40 | K << 48, _mfma_table(ctx.arch).ctypes.data), False
+
+
+def _salu_entry(base, ops):
+    if base not in OPCODE:
+        return None
+    if base.startswith("s_cmp_"):
+        if len(ops) != 2:
+            return None
+        a, b = _scalar_src(ops[0], 32), _scalar_src(ops[1], 32)
+        if a is None or b is None:
+            return None
+        return (OPCODE[base], 0, a[0], b[0], 0, a[1], b[1]), False
+    srcs = _S64_SRC.get(base, (32,) if base == "s_mov_b32" else (32, 32))
+    dst_bits = 64 if base in _S64_DST else 32
+    if len(ops) != 1 + len(srcs) or ops[0].kind != "s" or ops[0].count != dst_bits // 32:
+        return None
+    got = [_scalar_src(o, bits) for o, bits in zip(ops[1:], srcs)]
+    if any(g is None for g in got):
+        return None
+    got += [(0, 0)] * (2 - len(got))
+    return (OPCODE[base], ops[0].index, got[0][0], got[1][0], 0, got[0][1], got[1][1]), \
+        _touches_exec(ops[0], dst_bits // 32)
+
+
+def _pk_sel(ctx):
+    m = ctx.mods
+    fields = [tuple(m.get(k, (d,) * 3)) + (d,) * 3 for k, d in
+              (("op_sel", 0), ("op_sel_hi", 1), ("neg_lo", 0), ("neg_hi", 0))]
+    sel = 0
+    for f, field in enumerate(fields):
+        for i in range(3):
+            sel |= (1 if field[i] else 0) << (4 * f + i)
+    return sel
+
+
+_TABLES: Dict[str, np.ndarray] = {}
+
+
+def _mfma_table(arch):
+    t = _TABLES.get(arch)
+    if t is None:
+        t = _TABLES[arch] = np.ascontiguousarray(nx._decode_table("fp8", nx.fp8_format_for_arch(arch)), np.uint32)
+    return t
+
+
+def block_code(program, kernel, arch, code, make_ctx):
+    """*code* (per-instruction handlers) with the first instruction of every run of at least two
+    block-able instructions replaced by one handler running the run in C and returning the index
+    after it."""
+    lib = fastpath.lib()
+    if lib is None:
+        return code
+    run_block, pointers = lib.pa_run_block, fastpath.pointers
+    labels = set(program.labels.values())
+    out = list(code)
+    entries = {}
+    for i, h in enumerate(code):
+        if h is not None:
+            e = block_entry(make_ctx(i))
+            if e is not None:
+                entries[i] = e
+    i, n = 0, len(code)
+    while i < n:
+        if i not in entries:
+            i += 1
+            continue
+        j = i + 1
+        while j < n and j in entries and j not in labels:
+            j += 1
+        if j - i >= 2:
+            table = np.array([tuple(_i64(x) for x in entries[k][0]) for k in range(i, j)], INSN)
+            sync = any(entries[k][1] for k in range(i, j))
+            out[i] = _block_handler(run_block, pointers, table, j, sync, code[i:j])
+        i = j
+    return out
+
+
+def _i64(x: int) -> int:
+    """A 64-bit field as the signed value numpy stores (the C side reads the same bits)."""
+    x &= (1 << 64) - 1
+    return x - (1 << 64) if x >> 63 else x
+
+
+def _block_handler(run_block, pointers, table, nxt, sync, handlers):
+    tptr, count = table.ctypes.data, len(table)
+
+    def h(w, _keep=table):
+        c = pointers(w)
+        if c is None:                 # unusual register arrays: the instructions one by one
+            for f in handlers:
+                f(w)
+            return nxt
+        r = run_block(c[2], c[3], tptr, count, w.scc)
+        if r < 0:
+            raise RuntimeError(f"fast engine: block entry {-r - 1} has no C operation")
+        w.scc = r
+        if sync:
+            w.sync_exec()
+        return nxt
+    return h

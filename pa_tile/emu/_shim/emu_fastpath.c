@@ -22,7 +22,7 @@
 #define SGPR_EXEC 126
 
 // Bumped whenever a signature below changes; Python refuses a mismatch.
-EXPORT int pa_fast_abi_version(void) { return 1; }
+EXPORT int pa_fast_abi_version(void) { return 2; }
 
 typedef union { uint32_t u; float f; } f32u;
 typedef union { uint64_t u; double d; } f64u;
@@ -385,4 +385,180 @@ EXPORT int pa_ds_write(const uint32_t *v, const uint32_t *s, int src, int nregs,
     }
     for (int k = 0; k < n; k++) lds[idx[k]] = val[k];
     return 0;
+}
+
+// ---------------------------------------------------------------- straight-line blocks
+
+// A run of consecutive instructions with no label inside, each one of the operations below,
+// executed in one call (ops_fast.block_code builds the runs; each entry mirrors the reference
+// handler of its instruction: ops_salu, ops_valu). VALU sources are src codes (header); SALU
+// sources are codes in a/b with their constants (up to 64 bits) in d/e.
+typedef struct { int32_t op, dst; int64_t a, b, c, d, e; } insn_t;
+
+enum {
+    B_NOP = 0,
+    // VALU, 32-bit, written under EXEC
+    B_V_MOV, B_V_NOT, B_V_ADD, B_V_SUB, B_V_SUBREV, B_V_AND, B_V_OR, B_V_XOR, B_V_LSHLREV, B_V_LSHRREV,
+    B_V_ASHRREV, B_V_MAX_I32, B_V_MIN_I32, B_V_MAX_U32, B_V_MIN_U32, B_V_MED3_I32, B_V_MUL_LO, B_V_ADD3,
+    B_V_LSHL_ADD, B_V_ADD_LSHL, B_V_LSHL_OR, B_V_AND_OR, B_V_OR3, B_V_BFE_U32, B_V_CNDMASK,
+    // VOPC integer compares -> an SGPR pair (inactive lanes 0); c: 0 signed, 1 unsigned
+    B_V_CMP_LT, B_V_CMP_EQ, B_V_CMP_LE, B_V_CMP_GT, B_V_CMP_NE, B_V_CMP_GE,
+    // SALU
+    B_S_MOV32, B_S_MOV64, B_S_ADD_U32, B_S_SUB_U32, B_S_ADD_I32, B_S_SUB_I32, B_S_MUL_I32,
+    B_S_AND32, B_S_OR32, B_S_XOR32, B_S_ANDN2_32, B_S_AND64, B_S_OR64, B_S_XOR64, B_S_ANDN2_64,
+    B_S_LSHL32, B_S_LSHR32, B_S_ASHR32, B_S_LSHL64, B_S_LSHR64,
+    B_S_MIN_I32, B_S_MAX_I32, B_S_MIN_U32, B_S_MAX_U32, B_S_CSELECT32, B_S_CSELECT64,
+    B_S_CMP_EQ_I, B_S_CMP_LG_I, B_S_CMP_GT_I, B_S_CMP_GE_I, B_S_CMP_LT_I, B_S_CMP_LE_I,
+    B_S_CMP_EQ_U, B_S_CMP_LG_U, B_S_CMP_GT_U, B_S_CMP_GE_U, B_S_CMP_LT_U, B_S_CMP_LE_U,
+    // the single-instruction fast paths above
+    B_VALU_F32, B_PK_FMA, B_CVT_PK8, B_MFMA_FP8,
+};
+
+static inline uint64_t sread(const uint32_t *s, int64_t code, int64_t cst, int bits) {
+    if ((code & 3) != 1) return bits == 64 ? (uint64_t)cst : ((uint64_t)cst & 0xFFFFFFFFull);
+    int i = (int)((code >> 8) & 0xFFFF);
+    return bits == 64 ? ((uint64_t)s[i] | ((uint64_t)s[i + 1] << 32)) : s[i];
+}
+
+static inline void swrite(uint32_t *s, int dst, uint64_t x, int bits) {
+    s[dst] = (uint32_t)x;
+    if (bits == 64) s[dst + 1] = (uint32_t)(x >> 32);
+}
+
+static inline int64_t sx32(uint64_t x) { return (int64_t)(int32_t)(uint32_t)x; }
+
+// Returns the new SCC (0 or 1), or -(k + 1) if entry k has an unknown operation.
+EXPORT int pa_run_block(uint32_t *v, uint32_t *s, const insn_t *code, int n, int scc) {
+    uint32_t a[LANES], b[LANES], c[LANES], r[LANES];
+    for (int k = 0; k < n; k++) {
+        const insn_t *p = &code[k];
+        int op = p->op;
+        if (op == B_NOP) continue;
+        if (op >= B_V_MOV && op <= B_V_CNDMASK) {
+            read_src(v, s, p->a, a);
+            if (op >= B_V_ADD) read_src(v, s, p->b, b);
+            if (op >= B_V_MED3_I32 && op != B_V_MUL_LO && op != B_V_CNDMASK) read_src(v, s, p->c, c);
+            uint64_t m = 0;
+            if (op == B_V_CNDMASK) m = (uint64_t)s[p->c] | ((uint64_t)s[p->c + 1] << 32);
+            for (int l = 0; l < LANES; l++) {
+                uint32_t x = a[l], y = b[l], z = c[l];
+                int32_t xi = (int32_t)x, yi = (int32_t)y, zi = (int32_t)z;
+                switch (op) {
+                case B_V_MOV: r[l] = x; break;
+                case B_V_NOT: r[l] = ~x; break;
+                case B_V_ADD: r[l] = x + y; break;
+                case B_V_SUB: r[l] = x - y; break;
+                case B_V_SUBREV: r[l] = y - x; break;
+                case B_V_AND: r[l] = x & y; break;
+                case B_V_OR: r[l] = x | y; break;
+                case B_V_XOR: r[l] = x ^ y; break;
+                case B_V_LSHLREV: r[l] = y << (x & 31); break;
+                case B_V_LSHRREV: r[l] = y >> (x & 31); break;
+                case B_V_ASHRREV: r[l] = (uint32_t)(yi >> (x & 31)); break;
+                case B_V_MAX_I32: r[l] = (uint32_t)(xi > yi ? xi : yi); break;
+                case B_V_MIN_I32: r[l] = (uint32_t)(xi < yi ? xi : yi); break;
+                case B_V_MAX_U32: r[l] = x > y ? x : y; break;
+                case B_V_MIN_U32: r[l] = x < y ? x : y; break;
+                case B_V_MED3_I32: {
+                    int32_t lo = xi < yi ? xi : yi, hi = xi > yi ? xi : yi;
+                    int32_t t = hi < zi ? hi : zi;
+                    r[l] = (uint32_t)(lo > t ? lo : t);
+                    break;
+                }
+                case B_V_MUL_LO: r[l] = x * y; break;
+                case B_V_ADD3: r[l] = x + y + z; break;
+                case B_V_LSHL_ADD: r[l] = (x << (y & 31)) + z; break;
+                case B_V_ADD_LSHL: r[l] = (x + y) << (z & 31); break;
+                case B_V_LSHL_OR: r[l] = (x << (y & 31)) | z; break;
+                case B_V_AND_OR: r[l] = (x & y) | z; break;
+                case B_V_OR3: r[l] = x | y | z; break;
+                case B_V_BFE_U32: r[l] = (uint32_t)(((uint64_t)x >> (y & 31)) & ((1ull << (z & 31)) - 1)); break;
+                case B_V_CNDMASK: r[l] = ((m >> l) & 1) ? y : x; break;
+                }
+            }
+            write_rows(v, s, p->dst, r);
+            continue;
+        }
+        if (op >= B_V_CMP_LT && op <= B_V_CMP_GE) {
+            read_src(v, s, p->a, a);
+            read_src(v, s, p->b, b);
+            uint64_t em = exec_mask(s), bits = 0;
+            for (int l = 0; l < LANES; l++) {
+                int t;
+                if (p->c) {
+                    uint32_t x = a[l], y = b[l];
+                    t = op == B_V_CMP_LT ? x < y : op == B_V_CMP_EQ ? x == y : op == B_V_CMP_LE ? x <= y
+                      : op == B_V_CMP_GT ? x > y : op == B_V_CMP_NE ? x != y : x >= y;
+                } else {
+                    int32_t x = (int32_t)a[l], y = (int32_t)b[l];
+                    t = op == B_V_CMP_LT ? x < y : op == B_V_CMP_EQ ? x == y : op == B_V_CMP_LE ? x <= y
+                      : op == B_V_CMP_GT ? x > y : op == B_V_CMP_NE ? x != y : x >= y;
+                }
+                if (t) bits |= 1ull << l;
+            }
+            swrite(s, p->dst, bits & em, 64);
+            continue;
+        }
+        if (op >= B_S_MOV32 && op <= B_S_CMP_LE_U) {
+            int w64 = op == B_S_MOV64 || (op >= B_S_AND64 && op <= B_S_ANDN2_64) || op == B_S_CSELECT64;
+            int a64 = w64 || op == B_S_LSHL64 || op == B_S_LSHR64;
+            uint64_t x = sread(s, p->a, p->d, a64 ? 64 : 32), y = sread(s, p->b, p->e, w64 ? 64 : 32);
+            uint64_t res = 0;
+            int wr = 1, bits = w64 || op == B_S_LSHL64 || op == B_S_LSHR64 ? 64 : 32;
+            uint64_t mask = bits == 64 ? ~0ull : 0xFFFFFFFFull;
+            switch (op) {
+            case B_S_MOV32: case B_S_MOV64: res = x; break;
+            case B_S_ADD_U32: res = (x + y) & mask; scc = x + y > 0xFFFFFFFFull; break;
+            case B_S_SUB_U32: res = (x - y) & mask; scc = y > x; break;
+            case B_S_ADD_I32: { int64_t t = sx32(x) + sx32(y); res = (uint64_t)t & mask;
+                                scc = !(t >= -2147483648LL && t < 2147483648LL); break; }
+            case B_S_SUB_I32: { int64_t t = sx32(x) - sx32(y); res = (uint64_t)t & mask;
+                                scc = !(t >= -2147483648LL && t < 2147483648LL); break; }
+            case B_S_MUL_I32: res = (x * y) & mask; break;
+            case B_S_AND32: case B_S_AND64: res = (x & y) & mask; scc = res != 0; break;
+            case B_S_OR32: case B_S_OR64: res = (x | y) & mask; scc = res != 0; break;
+            case B_S_XOR32: case B_S_XOR64: res = (x ^ y) & mask; scc = res != 0; break;
+            case B_S_ANDN2_32: case B_S_ANDN2_64: res = (x & ~y) & mask; scc = res != 0; break;
+            case B_S_LSHL32: res = (x << (y & 31)) & mask; scc = res != 0; break;
+            case B_S_LSHR32: res = x >> (y & 31); scc = res != 0; break;
+            case B_S_ASHR32: res = (uint64_t)(sx32(x) >> (y & 31)) & mask; scc = res != 0; break;
+            case B_S_LSHL64: res = x << (y & 63); scc = res != 0; break;
+            case B_S_LSHR64: res = x >> (y & 63); scc = res != 0; break;
+            case B_S_MIN_I32: { int f = sx32(x) < sx32(y); res = f ? x : y; scc = f; break; }
+            case B_S_MAX_I32: { int f = sx32(x) > sx32(y); res = f ? x : y; scc = f; break; }
+            case B_S_MIN_U32: { int f = x < y; res = f ? x : y; scc = f; break; }
+            case B_S_MAX_U32: { int f = x > y; res = f ? x : y; scc = f; break; }
+            case B_S_CSELECT32: case B_S_CSELECT64: res = scc ? x : y; break;
+            default: {
+                wr = 0;
+                int sg = op <= B_S_CMP_LE_I;
+                int kind = sg ? op - B_S_CMP_EQ_I : op - B_S_CMP_EQ_U;   // eq lg gt ge lt le
+                if (sg) {
+                    int64_t xi = sx32(x), yi = sx32(y);
+                    scc = kind == 0 ? xi == yi : kind == 1 ? xi != yi : kind == 2 ? xi > yi
+                        : kind == 3 ? xi >= yi : kind == 4 ? xi < yi : xi <= yi;
+                } else {
+                    scc = kind == 0 ? x == y : kind == 1 ? x != y : kind == 2 ? x > y
+                        : kind == 3 ? x >= y : kind == 4 ? x < y : x <= y;
+                }
+            }
+            }
+            if (wr) swrite(s, p->dst, res, bits);
+            continue;
+        }
+        int rc = 0;
+        switch (op) {
+        case B_VALU_F32: rc = pa_valu_f32((int)p->d, v, s, p->dst, p->a, p->b, p->c); break;
+        case B_PK_FMA: rc = pa_pk_fma_f32(v, s, p->dst, p->a, p->b, p->c, (int)p->d); break;
+        case B_CVT_PK8: rc = pa_cvt_pk_8(v, s, p->dst, p->a, p->b, (int)p->c, (int)p->d); break;
+        case B_MFMA_FP8:
+            rc = pa_mfma_fp8(v, (int)((p->d >> 40) & 0xFF), (int)((p->d >> 40) & 0xFF), (int)((p->d >> 48) & 0xFF),
+                             p->dst, (int)p->a, (int)p->b, (int)p->c, (uint32_t)p->d, (const uint32_t *)(uintptr_t)p->e,
+                             (int)((p->d >> 32) & 1));
+            break;
+        default: rc = -1;
+        }
+        if (rc != 0) return -(k + 1);
+    }
+    return scc ? 1 : 0;
 }
