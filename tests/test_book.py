@@ -14,6 +14,7 @@ protocol on a pipe (`--remote-debugging-pipe`), with the standard library only."
 from __future__ import annotations
 
 import base64
+import fcntl
 import importlib.util
 import json
 import os
@@ -152,6 +153,12 @@ def broken_links(site: Path) -> list[str]:
 # ---------------------------------------------------------------- headless Chromium, DevTools protocol on a pipe
 
 
+def _above_4(fd: int) -> int:
+    high = fcntl.fcntl(fd, fcntl.F_DUPFD, 10)
+    os.close(fd)
+    return high
+
+
 class Chromium:
     """One headless Chromium, one tab, driven over `--remote-debugging-pipe` (fd 3 in, fd 4 out,
     messages JSON, each ended by a NUL byte). The network is switched off: a page that asks for
@@ -163,6 +170,7 @@ class Chromium:
 
     def __init__(self, binary: str, profile: Path):
         (r, to_browser), (from_browser, w) = os.pipe(), os.pipe()
+        r, w = (_above_4(fd) for fd in (r, w))  # so that putting one on 3 or 4 cannot close the other
         # bash puts the browser's ends of the pipes on fd 3 and 4 and execs it (no preexec_fn:
         # the test may run in a process with threads, e.g. an xdist worker)
         onto_3_and_4 = f'exec "$@" 3<&{r} 4>&{w} {r}<&- {w}>&-'
