@@ -54,14 +54,8 @@ def _missing(what: str):
 # ---------------------------------------------------------------- what each page must show
 
 
-def _markdown_cells(nb: dict) -> list[str]:
-    """Markdown cells' text with fenced code blocks removed (a `# comment` there is no heading)."""
-    out = []
-    for cell in nb["cells"]:
-        if cell["cell_type"] == "markdown":
-            src = "".join(cell["source"])
-            out.append(re.sub(r"^(```|~~~).*?^\1[^\n]*$", "", src, flags=re.M | re.S))
-    return out
+# a fenced code block: a `# comment` inside it is no heading, `$$` no math
+FENCED = re.compile(r"^(```|~~~).*?^\1[^\n]*$", flags=re.M | re.S)
 
 
 def _norm(text: str) -> str:
@@ -78,13 +72,13 @@ class Expected:
 
 
 def expected(source: Path) -> Expected:
+    """What the page of a notebook or Markdown file must show, read off the source."""
     if source.suffix != ".ipynb":
-        text = source.read_text()
-        md = [re.sub(r"^(```|~~~).*?^\1[^\n]*$", "", text, flags=re.M | re.S)]
+        md = [FENCED.sub("", source.read_text())]
         figures = 0
     else:
         nb = json.loads(source.read_text())
-        md = _markdown_cells(nb)
+        md = [FENCED.sub("", "".join(c["source"])) for c in nb["cells"] if c["cell_type"] == "markdown"]
         figures = sum(
             1
             for cell in nb["cells"] if cell["cell_type"] == "code"
