@@ -49,17 +49,22 @@ def _fma_midpoints(rng, n):
     return a.view(np.uint32), b.view(np.uint32), c.view(np.uint32)
 
 
-def _registers(seed, rows=64):
+def _registers(seed, rows=64, nans=True):
+    """Random registers; ``nans=False``: no NaN bit pattern anywhere (infinities, zeros and
+    denormals stay), so f32 arithmetic takes the fast engine's C path rather than its fallback."""
     rng = np.random.default_rng(seed)
     v = rng.integers(0, 1 << 32, (rows, 64), dtype=np.uint64).astype(np.uint32)
+    special = SPECIAL if nans else SPECIAL[(SPECIAL & 0x7FFFFFFF) <= 0x7F800000]
     for r in range(rows):
         pick = rng.random(64)
-        v[r] = np.where(pick < 0.25, rng.choice(SPECIAL, 64), v[r])
+        v[r] = np.where(pick < 0.25, rng.choice(special, 64), v[r])
         v[r] = np.where((pick >= 0.25) & (pick < 0.6), _fp8_neighbourhood(rng, 64), v[r])
         fl = rng.random(64) < 0.3      # random but ordinary floats: exponent near 127
         v[r] = np.where(fl, (v[r] & 0x807FFFFF) | ((rng.integers(100, 150, 64).astype(np.uint32)) << 23), v[r])
     a, b, c = _fma_midpoints(rng, 64)
     v[40], v[41], v[42] = a, b, c
+    if not nans:     # random bits: make every NaN pattern an ordinary float of the same sign
+        v = np.where((v & 0x7FFFFFFF) > 0x7F800000, v & 0xBFFFFFFF, v)
     return v, rng
 
 
@@ -334,7 +339,12 @@ BLOCK_VALU = ["v_mov_b32_e32 v{d}, {s}", "v_not_b32_e32 v{d}, {s}", "v_add_u32_e
               "v_max_f32_e32 v{d}, {s}, v{b}", "v_fma_f32 v{d}, {s}, v{b}, v{c}", "v_fmac_f32_e32 v{d}, {s}, v{b}",
               "v_pk_fma_f32 v[{d}:{d1}], v[{b}:{b1}], v[{c}:{c1}], v[{d}:{d1}] op_sel_hi:[0,1,1]",
               "v_cvt_pk_fp8_f32 v{d}, {s}, v{b} op_sel:[0,0,1]",
-              "v_mfma_f32_16x16x32_fp8_fp8 v[16:19], v[{b}:{b1}], v[{c}:{c1}], v[16:19]"]
+              "v_mfma_f32_16x16x32_fp8_fp8 v[16:19], v[{b}:{b1}], v[{c}:{c1}], v[16:19]",
+              "v_add_f32_e32 v{d}, {s}, v{b}", "v_sub_f32_e64 v{d}, -{s}, |v{b}|", "v_subrev_f32_e32 v{d}, {s}, v{b}",
+              "v_mul_f32_e32 v{d}, {s}, v{b}", "v_mul_f32_e64 v{d}, |v{c}|, -v{b}", "v_cvt_f32_f16_e32 v{d}, {s}",
+              "v_pk_mul_f32 v[{d}:{d1}], v[{b}:{b1}], v[{c}:{c1}] op_sel_hi:[0,1]",
+              "v_pk_add_f32 v[{d}:{d1}], v[{b}:{b1}], v[{c}:{c1}] neg_lo:[1,0] neg_hi:[0,1]",
+              "v_pk_mul_f32 v[{d}:{d1}], v[{b}:{b1}], s[{p}:{p1}] op_sel:[1,0]"]
 BLOCK_SALU = ["s_mov_b32 s{d}, {t}", "s_mov_b64 s[{p}:{p1}], s[{q}:{q1}]", "s_add_u32 s{d}, {t}, s{e}",
               "s_sub_u32 s{d}, {t}, s{e}", "s_add_i32 s{d}, {t}, s{e}", "s_sub_i32 s{d}, {t}, s{e}",
               "s_mul_i32 s{d}, {t}, s{e}", "s_and_b32 s{d}, {t}, s{e}", "s_or_b32 s{d}, {t}, s{e}",
@@ -364,21 +374,24 @@ def _random_block(rng, n):
     return "\n".join(lines)
 
 
+@pytest.mark.parametrize("nans", [True, False])
 @pytest.mark.parametrize("arch", ARCHS)
-def test_random_straight_line_blocks_equal_reference(arch):
+def test_random_straight_line_blocks_equal_reference(arch, nans):
     """Random runs of the block operations (SCC producers and consumers, EXEC writes in the
     middle, sources of every kind) run as one C block under the fast engine and one handler at a
     time under the reference one: every register, SCC and EXEC the same."""
     from pa_tile.emu.machine import run_code
 
-    rng = np.random.default_rng(7 if arch == "gfx942" else 8)
-    for trial in range(150):
+    rng = np.random.default_rng((7 if arch == "gfx942" else 8) + 2 * nans)
+    for trial in range(100):
         body = _random_block(rng, int(rng.integers(2, 40)))
         prog = _program(body, arch)
         fast_code = run_code(prog, "k", arch, "fast")
         assert fast_code[prog.kernel("k").entry].__qualname__.startswith("_block_handler")
-        v, _ = _registers(trial)
+        v, _ = _registers(trial, nans=nans)
         sregs = rng.integers(0, 1 << 32, 128, dtype=np.uint64).astype(np.uint32)
+        if not nans:
+            sregs = np.where((sregs & 0x7FFFFFFF) > 0x7F800000, sregs & 0xBFFFFFFF, sregs)
         sregs[rng.integers(0, 128, 20)] = rng.integers(0, 40, 20)   # small shift counts and values
         exec_mask = int(rng.integers(0, 1 << 63)) * 2 + 1 if trial % 3 else (1 << 64) - 1
         out = []

@@ -311,7 +311,9 @@ _OPS = ["nop", "v_mov_b32", "v_not_b32", "v_add_u32", "v_sub_u32", "v_subrev_u32
         "s_min_i32", "s_max_i32", "s_min_u32", "s_max_u32", "s_cselect_b32", "s_cselect_b64",
         "s_cmp_eq_i32", "s_cmp_lg_i32", "s_cmp_gt_i32", "s_cmp_ge_i32", "s_cmp_lt_i32", "s_cmp_le_i32",
         "s_cmp_eq_u32", "s_cmp_lg_u32", "s_cmp_gt_u32", "s_cmp_ge_u32", "s_cmp_lt_u32", "s_cmp_le_u32",
-        "valu_f32", "pk_fma", "cvt_pk8", "mfma_fp8"]
+        "valu_f32", "pk_fma", "cvt_pk8", "mfma_fp8", "f_arith", "pk_arith", "cvt_f32_f16"]
+_ARITH = {"v_add_f32": 0, "v_sub_f32": 1, "v_subrev_f32": 2, "v_mul_f32": 3}
+_PK_ARITH = {"v_pk_add_f32": 0, "v_pk_mul_f32": 3}
 OPCODE = {n: i for i, n in enumerate(_OPS)}
 _NOPS = ("s_nop", "s_waitcnt", "s_setprio", "s_sched_barrier", "sched_barrier", "s_waitcnt_vscnt",
          "s_waitcnt_vmcnt", "s_waitcnt_lgkmcnt", "s_waitcnt_expcnt")
@@ -355,6 +357,25 @@ def block_entry(ctx):
 
 
 def _valu_entry(ctx, base, ops):
+    if base in _ARITH or base == "v_cvt_f32_f16":
+        if not _plain(ctx) or ops[0].kind not in ("v", "a") or ops[0].count != 1 or len(ops) != (3 if base in _ARITH
+                                                                                                  else 2):
+            return None
+        if base == "v_cvt_f32_f16":
+            a = None if ops[1].neg or ops[1].abs else src_code(ops[1], "u16")
+            return None if a is None else ((OPCODE["cvt_f32_f16"], ctx.vrow(ops[0]), a, 0, 0, 0, 0), False)
+        a, b = src_code(ops[1]), src_code(ops[2])
+        if a is None or b is None:
+            return None
+        return (OPCODE["f_arith"], ctx.vrow(ops[0]), a, b, 0, _ARITH[base], 0), False
+    if base in _PK_ARITH:
+        if not _plain(ctx, ("op_sel", "op_sel_hi", "neg_lo", "neg_hi")) or ops[0].kind not in ("v", "a") \
+                or len(ops) != 3:
+            return None
+        a, b = src_code(ops[1], pair=True), src_code(ops[2], pair=True)
+        if a is None or b is None:
+            return None
+        return (OPCODE["pk_arith"], ctx.vrow(ops[0]), a, b, _pk_sel(ctx), _PK_ARITH[base], 0), False
     if base in _VALU_OPS or base in ("v_pk_fma_f32", "v_cvt_pk_fp8_f32", "v_cvt_pk_bf8_f32") or base in _FP8_MFMAS:
         return _c_entry(ctx, base, ops)
     if base.startswith("v_cmp_") and not base.startswith("v_cmpx"):
@@ -511,7 +532,7 @@ def _i64(x: int) -> int:
 
 
 def _block_handler(run_block, pointers, table, nxt, sync, handlers):
-    tptr, count = table.ctypes.data, len(table)
+    tptr, count, size = table.ctypes.data, len(table), table.itemsize
 
     def h(w, _keep=table):
         c = pointers(w)
@@ -519,11 +540,21 @@ def _block_handler(run_block, pointers, table, nxt, sync, handlers):
             for f in handlers:
                 f(w)
             return nxt
-        r = run_block(c[2], c[3], tptr, count, w.scc)
-        if r < 0:
-            raise RuntimeError(f"fast engine: block entry {-r - 1} has no C operation")
-        w.scc = r
-        if sync:
-            w.sync_exec()
-        return nxt
+        start = 0
+        while True:
+            r = run_block(c[2], c[3], tptr + start * size, count - start, w.scc)
+            if r < 0:
+                raise RuntimeError(f"fast engine: block entry {start - r - 1} has no C operation")
+            w.scc = r & 1
+            if sync:
+                w.sync_exec()
+            if r < 2:
+                return nxt
+            # entry k left to its own handler (f32 arithmetic on a NaN: the reference decides
+            # the payload); the C code resumes after it
+            k = start + (r >> 1) - 1
+            handlers[k](w)
+            start = k + 1
+            if start == count:
+                return nxt
     return h

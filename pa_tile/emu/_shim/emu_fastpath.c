@@ -22,7 +22,7 @@
 #define SGPR_EXEC 126
 
 // Bumped whenever a signature below changes; Python refuses a mismatch.
-EXPORT int pa_fast_abi_version(void) { return 2; }
+EXPORT int pa_fast_abi_version(void) { return 3; }
 
 typedef union { uint32_t u; float f; } f32u;
 typedef union { uint64_t u; double d; } f64u;
@@ -412,7 +412,19 @@ enum {
     B_S_CMP_EQ_U, B_S_CMP_LG_U, B_S_CMP_GT_U, B_S_CMP_GE_U, B_S_CMP_LT_U, B_S_CMP_LE_U,
     // the single-instruction fast paths above
     B_VALU_F32, B_PK_FMA, B_CVT_PK8, B_MFMA_FP8,
+    // f32 arithmetic as numpy's float32 ufuncs compute it; a NaN input stops the block (numpy's
+    // NaN payload choice is left to the reference handler). d: 0 add, 1 sub, 2 subrev, 3 mul
+    B_F_ARITH, B_PK_ARITH, B_CVT_F32_F16,
 };
+
+static inline float arith(int kind, float x, float y) {
+    switch (kind) {
+    case 0: return x + y;
+    case 1: return x - y;
+    case 2: return y - x;
+    default: return x * y;
+    }
+}
 
 static inline uint64_t sread(const uint32_t *s, int64_t code, int64_t cst, int bits) {
     if ((code & 3) != 1) return bits == 64 ? (uint64_t)cst : ((uint64_t)cst & 0xFFFFFFFFull);
@@ -427,7 +439,9 @@ static inline void swrite(uint32_t *s, int dst, uint64_t x, int bits) {
 
 static inline int64_t sx32(uint64_t x) { return (int64_t)(int32_t)(uint32_t)x; }
 
-// Returns the new SCC (0 or 1), or -(k + 1) if entry k has an unknown operation.
+// Returns SCC (bit 0) | (k + 1) << 1 when entry k must run in Python instead (a NaN input to f32
+// arithmetic; entries before it are done, it and those after are not), or -(k + 1) if entry k has
+// an unknown operation.
 EXPORT int pa_run_block(uint32_t *v, uint32_t *s, const insn_t *code, int n, int scc) {
     uint32_t a[LANES], b[LANES], c[LANES], r[LANES];
     for (int k = 0; k < n; k++) {
@@ -544,6 +558,47 @@ EXPORT int pa_run_block(uint32_t *v, uint32_t *s, const insn_t *code, int n, int
             }
             }
             if (wr) swrite(s, p->dst, res, bits);
+            continue;
+        }
+        if (op == B_F_ARITH || op == B_CVT_F32_F16) {
+            read_src(v, s, p->a, a);
+            if (op == B_F_ARITH) read_src(v, s, p->b, b);
+            for (int l = 0; l < LANES; l++) {
+                if (op == B_F_ARITH) {
+                    if (is_nan_bits(a[l]) || is_nan_bits(b[l])) return (scc ? 1 : 0) | ((k + 1) << 1);
+                    r[l] = asu(arith((int)p->d, asf(a[l]), asf(b[l])));
+                } else {
+                    uint32_t h = a[l] & 0xFFFF, sign = (h >> 15) << 31, e = (h >> 10) & 0x1F, m = h & 0x3FF;
+                    if (e == 31 && m) return (scc ? 1 : 0) | ((k + 1) << 1);
+                    if (e == 31) r[l] = sign | 0x7F800000u;
+                    else if (e == 0) r[l] = sign | asu((float)m * 0x1p-24f);
+                    else r[l] = sign | ((e - 15 + 127) << 23) | (m << 13);
+                }
+            }
+            write_rows(v, s, p->dst, r);
+            continue;
+        }
+        if (op == B_PK_ARITH) {
+            int64_t codes[2] = {p->a, p->b};
+            int sel = (int)p->c, kind = (int)p->d;
+            uint32_t src[2][2][LANES], lo[LANES], hi[LANES];
+            for (int i = 0; i < 2; i++) {
+                read_src(v, s, codes[i], src[i][0]);
+                if ((codes[i] & 3) == 2) memcpy(src[i][1], src[i][0], sizeof src[i][0]);
+                else read_src(v, s, codes[i] + (1 << 8), src[i][1]);
+            }
+            for (int l = 0; l < LANES; l++) {
+                uint32_t x[2], y[2];
+                for (int i = 0; i < 2; i++) {
+                    x[i] = src[i][(sel >> i) & 1][l] ^ (((sel >> (8 + i)) & 1) ? 0x80000000u : 0);
+                    y[i] = src[i][(sel >> (4 + i)) & 1][l] ^ (((sel >> (12 + i)) & 1) ? 0x80000000u : 0);
+                    if (is_nan_bits(x[i]) || is_nan_bits(y[i])) return (scc ? 1 : 0) | ((k + 1) << 1);
+                }
+                lo[l] = asu(arith(kind, asf(x[0]), asf(x[1])));
+                hi[l] = asu(arith(kind, asf(y[0]), asf(y[1])));
+            }
+            write_rows(v, s, p->dst, lo);
+            write_rows(v, s, p->dst + 1, hi);
             continue;
         }
         int rc = 0;
