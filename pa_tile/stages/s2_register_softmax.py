@@ -26,12 +26,15 @@ from flydsl.expr import gpu, range_constexpr
 from pa_tile import launching, problem
 from pa_tile.arch import fp8_max, fp8_torch_dtype
 from pa_tile.kernel_lib import (
-    HEAD_DIM, LOG2E, MASKED, SPAN, TILE, WAVE, WAVES, Pages, imin, jit_launcher, lane_coords, mask_tail,
-    merge_waves, pv_step, query_operands, rsrc, scalar_load, scores, softmax_model, softmax_step, store_chunks,
+    HEAD_DIM, LOG2E, MASKED, SPAN, TILE, WAVE, WAVES, Pages, imin, jit_launcher, lane_coords,
+                                mask_tail,
+    merge_waves, pv_step, query_operands, rsrc, scalar_load, scores, softmax_model, softmax_step,
+                                store_chunks,
     model_operands,
 )
 
-__all__ = ["paged_decode", "build_launcher", "launch_args", "kernel_args", "numerics_model", "LIMITS", "Shared",
+__all__ = ["paged_decode", "build_launcher", "launch_args", "kernel_args", "numerics_model",
+           "LIMITS", "Shared",
            "Workgroup"]
 
 #: what the stage-2 kernel supports (``pa_tile.problem.describe`` enforces it)
@@ -53,23 +56,26 @@ class Workgroup:
         G = group
         self.log2_fmax = math.log2(fp8_max)
         # col: MFMA column = this lane's query head (and the A-operand row it loads); grp: row band
-        tid, wave, lane, col, grp = self.tid, self.wave, self.lane, self.col, self.grp = lane_coords()
+        tid, wave, lane, col, grp = lane_coords()
+        self.tid, self.wave, self.lane, self.col, self.grp = tid, wave, lane, col, grp
         seq = fx.Int32(gpu.block_id("x"))
         kvh = fx.Int32(gpu.block_id("y"))
-        q_rs, k_rs, v_rs, bt_rs, self.o_rs = (rsrc(t) for t in (query, key_cache, value_cache, block_tables, out))
+        q_rs, k_rs, v_rs, bt_rs, self.o_rs = (rsrc(t) for t in (query, key_cache, value_cache,
+                                                                block_tables, out))
         self.ctx = ctx = scalar_load(context_lengths, seq)
         k_scale = scalar_load(key_scale, 0).bitcast(fx.Float32)
         self.v_scale = scalar_load(value_scale, 0).bitcast(fx.Float32)
         self.head0 = head0 = seq * (num_kv_heads * G) + kvh * G  # first query row of this group
-        self.q_ops, q_scale = query_operands(q_rs, (head0 + imin(col, G - 1)) * HEAD_DIM, col < G, fp8_max, grp)
+        self.q_ops, q_scale = query_operands(q_rs, (head0 + imin(col, G - 1)) * HEAD_DIM, col < G,
+                                             fp8_max, grp)
         self.c_qk = q_scale * k_scale * scale_log2
         last_page = (ctx - 1) // block_size
         self.num_tiles = (ctx + (TILE - 1)) // TILE
-        self.pages = Pages(bt_rs, k_rs, v_rs, seq * max_blocks, last_page, kvh, num_kv_heads, wave, col, grp,
-                           block_size=block_size)
+        self.pages = Pages(bt_rs, k_rs, v_rs, seq * max_blocks, last_page, kvh, num_kv_heads, wave,
+                           col, grp, block_size=block_size)
 
     def tile_scores(self, t, k_words):
-        """Tile ``t``'s 16 raw scores of this lane, and how many of its 16 tokens are in the context."""
+        """Tile ``t``'s 16 raw scores of this lane, and how many of its tokens are in context."""
         s = fx.Vector.from_elements(scores(k_words, self.q_ops), dtype=fx.Float32)
         return s, self.ctx - (t * TILE + self.wave * SPAN + self.grp * 16)
 
@@ -79,9 +85,10 @@ class Workgroup:
         return pv_step(o, v_words, p_ops, corr), m_new, l_new
 
     def merge(self, o, m, l):
-        """After the loop: the four waves' results combined; this wave's two d-chunks, normalized."""
+        """After the loop: the four waves' results combined; this wave's 2 d-chunks, normalized."""
         lds = fx.SharedAllocator().allocate(Shared).peek()
-        return merge_waves(o, fx.Float32(m), fx.Float32(l), self.v_scale, lds, self.wave, self.lane, self.col)
+        return merge_waves(o, fx.Float32(m), fx.Float32(l), self.v_scale, lds, self.wave,
+                           self.lane, self.col)
 
     def store(self, mine):
         """This lane's share of its head's output row, f16 (only for the group's real heads)."""
@@ -94,8 +101,10 @@ def build_launcher(block_size: int, group: int, arch: str):
 
     def pa_decode_s2(out: fx.Tensor, query: fx.Tensor, key_cache: fx.Tensor, value_cache: fx.Tensor,
                      block_tables: fx.Tensor, context_lengths: fx.Tensor, key_scale: fx.Tensor,
-                     value_scale: fx.Tensor, num_kv_heads: fx.Int32, max_blocks: fx.Int32, scale_log2: fx.Float32):
-        wg = Workgroup(out, query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale,
+                     value_scale: fx.Tensor, num_kv_heads: fx.Int32, max_blocks: fx.Int32,
+                     scale_log2: fx.Float32):
+        wg = Workgroup(out, query, key_cache, value_cache, block_tables, context_lengths,
+                       key_scale, value_scale,
                        num_kv_heads, max_blocks, scale_log2, block_size=block_size, group=group,
                        fp8_max=fp8_max(arch))
         pages = wg.pages
@@ -131,25 +140,30 @@ def build_launcher(block_size: int, group: int, arch: str):
     return jit_launcher(pa_decode_s2)
 
 
-def launch_args(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale, *,
+def launch_args(query, key_cache, value_cache, block_tables, context_lengths, key_scale,
+                value_scale, *,
                 softmax_scale=None, out=None, arch=None):
     """``(launcher, args, arch)`` after validation: ``launcher(*args)`` runs the kernel,
     ``pa_tile.toolchain.compile_isa(launcher, *args, arch=arch)`` shows its assembly."""
-    p = problem.describe(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale,
+    p = problem.describe(query, key_cache, value_cache, block_tables, context_lengths, key_scale,
+                         value_scale,
                          limits=LIMITS, softmax_scale=softmax_scale, arch=arch)
-    args = kernel_args(p, query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale, out)
+    args = kernel_args(p, query, key_cache, value_cache, block_tables, context_lengths, key_scale,
+                       value_scale, out)
     return build_launcher(p.block_size, p.group, p.arch), args, p.arch
 
 
-def kernel_args(p, query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale, out):
-    """The launcher's arguments for a validated problem ``p`` (chapter 3's kernel takes the same)."""
+def kernel_args(p, query, key_cache, value_cache, block_tables, context_lengths, key_scale,
+                value_scale, out):
+    """The launcher's arguments for a validated problem ``p`` (chapter 3's kernel uses them too)."""
     ks, vs = problem.scale_tensors(p, key_scale, value_scale)
     return (problem.output(p, query, out), query.contiguous(), key_cache.view(torch.uint8),
             value_cache.view(torch.uint8), block_tables, context_lengths, ks, vs,
             p.num_seqs, p.num_kv_heads, p.max_blocks, p.scale_log2)
 
 
-def paged_decode(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale, *,
+def paged_decode(query, key_cache, value_cache, block_tables, context_lengths, key_scale,
+                 value_scale, *,
                  softmax_scale=None, out=None, arch=None):
     """fp8 paged decode attention; returns ``out`` (shaped and typed like ``query``).
 
@@ -161,28 +175,33 @@ def paged_decode(query, key_cache, value_cache, block_tables, context_lengths, k
     1/sqrt(128); ``arch`` defaults to the tensors' device (the emulator's for CPU tensors).
     Validation: ``pa_tile.problem``.
     """
-    launcher, args, arch = launch_args(query, key_cache, value_cache, block_tables, context_lengths, key_scale,
+    launcher, args, arch = launch_args(query, key_cache, value_cache, block_tables,
+                                       context_lengths, key_scale,
                                        value_scale, softmax_scale=softmax_scale, out=out, arch=arch)
     launching.launch(launcher, args, arch=arch)
     return args[0]
 
 
-def numerics_model(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale, *,
+def numerics_model(query, key_cache, value_cache, block_tables, context_lengths, key_scale,
+                   value_scale, *,
                    softmax_scale=None, arch):
     """float32 torch model of the stage-2 kernel's roundings (same arguments as ``paged_decode``);
     returns a float32 tensor shaped like ``query``. CPU only; loops over sequences and tiles."""
     fmax, fp8 = fp8_max(arch), fp8_torch_dtype(arch)
     scale = 1.0 / math.sqrt(HEAD_DIM) if softmax_scale is None else float(softmax_scale)
-    ks, vs = float(torch.as_tensor(key_scale).reshape(())), float(torch.as_tensor(value_scale).reshape(()))
+    ks = float(torch.as_tensor(key_scale).reshape(()))
+    vs = float(torch.as_tensor(value_scale).reshape(()))
     num_seqs, num_q_heads, _ = query.shape
     kvh = key_cache.shape[1]
     group = num_q_heads // kvh
     kc = key_cache.view(torch.uint8).view(fp8).float()
-    vc = value_cache.view(torch.uint8).view(fp8).float().transpose(2, 3)  # -> [blocks, kvh, bs, 128]
+    # -> [blocks, kvh, bs, 128]
+    vc = value_cache.view(torch.uint8).view(fp8).float().transpose(2, 3)
     out = torch.empty(num_seqs, num_q_heads, HEAD_DIM)
     for s in range(num_seqs):
         q = query[s].float().reshape(kvh, group, HEAD_DIM)
-        q8, q_scale, k, v, _ = model_operands(q, kc, vc, block_tables[s], int(context_lengths[s]), fmax, fp8)
+        q8, q_scale, k, v, _ = model_operands(q, kc, vc, block_tables[s], int(context_lengths[s]),
+                                              fmax, fp8)
         c_qk = q_scale * ks * (scale * LOG2E)  # the kernel's float32 order
         res = softmax_model(torch.einsum("hgd,htd->hgt", q8, k), c_qk, v, fmax, fp8) * vs
         out[s] = res.reshape(num_q_heads, HEAD_DIM)
