@@ -153,3 +153,11 @@ def test_02_k_loads_read_half_of_each_line_v_loads_whole_lines():
     shapes = sorted((float(r[5]), float(r[6])) for r in loop)
     assert (16.0, 8.0) in shapes, f"02: K loads said to use half of 16 lines; the trace has {shapes}"
     assert any(a == b for a, b in shapes), f"02: V loads said to read whole lines; the trace has {shapes}"
+
+
+def test_02_kernel_agrees_with_its_numerics_model_to_about_an_f16_ulp():
+    md = _markdown("02_register_softmax")
+    assert "the kernel agrees to about one f16 ulp" in md
+    rows = [r for r in _table(_output_of("02_register_softmax", "def check(arch")) if r["ok"] in ("True", "False")]
+    worst = max(float(r["err_vs_model"]) for r in rows)
+    assert rows and worst <= 2 ** -10, f"02: 'about one f16 ulp' (2^-10 at |o| < 2), the worst is {worst}"
