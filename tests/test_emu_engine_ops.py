@@ -119,11 +119,14 @@ def test_fast_handler_equals_reference(body, arch):
 
 
 def test_exp_fast_path_on_ordinary_softmax_inputs():
-    """Inputs the fast path takes (no fallback): ordinary negative scores and zeros."""
+    """Inputs the fast paths take (no fallback): ordinary negative scores, zeros, results that
+    underflow (flushed to +0) or overflow (inf), infinities."""
     rng = np.random.default_rng(1)
     for arch in ARCHS:
         for seed in range(3):
-            x = np.concatenate([-rng.random(60) * 30, [0.0, -0.0, -125.9, 20.0]]).astype(np.float32)
+            x = np.concatenate([-rng.random(50) * 30, -rng.random(4) * 200, [0.0, -0.0, -125.9, 20.0, -126.0,
+                                                                             -149.5, -np.inf, np.inf, 130.0,
+                                                                             -1e30]]).astype(np.float32)
             outs = []
             for engine in ("fast", "reference"):
                 w = Wave(arch)

@@ -184,10 +184,29 @@ _F32_MIN_NORMAL = np.float32(2.0 ** -126)
 @_fast("v_exp_f32")
 def _exp(ctx, ref):
     """numpy's exp2 in float64 rounded to f32 is what the reference computes whenever no input
-    is a denormal (the reference flushes those) and every result is an f32 normal number (the
-    reference flushes smaller ones and canonicalises NaNs); otherwise the reference runs."""
+    is a denormal or NaN (the reference flushes / quiets those) and no result is NaN; results
+    below the f32 normal range become +0, as the reference flushes them. A VGPR source goes
+    through C on both sides of numpy's exp2 (``pa_exp_prep`` / ``pa_exp_finish``: 64 lanes, as
+    the reference passes them); other sources, or any special input, take the numpy path below
+    or the reference."""
     if not _plain(ctx):
         return ref
+    src = ctx.ops[1]
+    if src.kind in ("v", "a") and not src.neg and not src.abs and ctx.ops[0].kind in ("v", "a"):
+        lib = fastpath.lib()
+        prep, finish, pointers = lib.pa_exp_prep, lib.pa_exp_finish, fastpath.pointers
+        code, dst = src_code(src), ctx.vrow(ctx.ops[0])
+        x64, r64 = np.zeros(64), np.zeros(64)
+        xp, rp, exp2 = x64.ctypes.data, r64.ctypes.data, np.exp2
+
+        def hv(w):
+            c = pointers(w)
+            if c is None or prep(c[2], c[3], code, xp) < 0:
+                return ref(w)
+            exp2(x64, out=r64)
+            if finish(c[2], c[3], dst, rp) < 0:
+                return ref(w)
+        return hv
     read = ctx.vread(ctx.ops[1], "f32")
     write = ctx.vwrite(ctx.ops[0], "f32")
     f64, f32, u32 = np.float64, np.float32, np.uint32

@@ -22,7 +22,7 @@
 #define SGPR_EXEC 126
 
 // Bumped whenever a signature below changes; Python refuses a mismatch.
-EXPORT int pa_fast_abi_version(void) { return 3; }
+EXPORT int pa_fast_abi_version(void) { return 4; }
 
 typedef union { uint32_t u; float f; } f32u;
 typedef union { uint64_t u; double d; } f64u;
@@ -616,4 +616,33 @@ EXPORT int pa_run_block(uint32_t *v, uint32_t *s, const insn_t *code, int n, int
         if (rc != 0) return -(k + 1);
     }
     return scc ? 1 : 0;
+}
+
+// ---------------------------------------------------------------- v_exp_f32 around numpy's exp2
+
+// numerics.exp2_f32 is numpy's float64 exp2 rounded to f32 with the ISA's special cases; the
+// exp2 itself stays numpy's (ops_fast calls it between these two). Prep: the 64 lanes of a VGPR
+// source as doubles, or -1 if any is a NaN or a denormal (the reference's own path handles
+// those). Finish: round to f32, flush results below the f32 normal range to +0 (exp2 is
+// positive), write under EXEC.
+EXPORT int pa_exp_prep(const uint32_t *v, const uint32_t *s, int64_t code, double *x64) {
+    uint32_t a[LANES];
+    read_src(v, s, code, a);
+    for (int l = 0; l < LANES; l++) {
+        uint32_t m = a[l] & 0x7FFFFFFFu;
+        if (m > 0x7F800000u || (m != 0 && m < 0x00800000u)) return -1;
+        x64[l] = (double)asf(a[l]);
+    }
+    return 0;
+}
+
+EXPORT int pa_exp_finish(uint32_t *v, const uint32_t *s, int dst, const double *r64) {
+    uint32_t r[LANES];
+    for (int l = 0; l < LANES; l++) {
+        uint32_t b = asu((float)r64[l]);
+        if (is_nan_bits(b)) return -1;
+        r[l] = (b & 0x7FFFFFFFu) < 0x00800000u ? (b & 0x80000000u) : b;
+    }
+    write_rows(v, s, dst, r);
+    return 0;
 }
