@@ -66,7 +66,12 @@ static inline double add_round_to_odd(double p, double c) {
     double bp = s - p;
     double err = (p - (s - bp)) + (c - bp);
     f64u su; su.d = s;
-    if (isfinite(s) && err != 0 && (su.u & 1) == 0) s = nextafter(s, err > 0 ? INFINITY : -INFINITY);
+    if (isfinite(s) && err != 0 && (su.u & 1) == 0) {
+        // nextafter(s, err > 0 ? +inf : -inf) on the bits: s != 0 here (a zero sum is exact), so
+        // one step away from zero is +1 on the magnitude bits, toward zero -1
+        su.u += ((err > 0) == (s > 0)) ? 1 : (uint64_t)-1;
+        s = su.d;
+    }
     return s;
 }
 
@@ -193,13 +198,15 @@ EXPORT int pa_cvt_pk_8(uint32_t *v, const uint32_t *s, int dst, int64_t c0, int6
 
 // D = A x B + C for one wave, both operands e4m3 (decode table: 256 f32 bit patterns). Every
 // product is exact and every partial sum of one output is a multiple of 2^-20 below 2^23, so the
-// double sum is exact in any order (the numpy reference's matmul order does not matter); C is
-// added with round-to-odd and the result rounded once to f32. EXEC is ignored (all lanes).
-// Layouts: CDNA3/CDNA4 §7.1.4 as numerics._layout builds them.
-EXPORT int pa_mfma_fp8(uint32_t *v, int M, int N, int K, int rd, int ra, int rb, int rc, uint32_t cconst,
-                       const uint32_t *table, int fp16_ovfl) {
-    if (M * N > 1024 || M * K > 1024 || K * N > 1024 || (M != 16 && M != 32) || N != M) return -1;
-    double A[1024], B[1024];
+// double sum is exact in any order (the numpy reference's matmul order does not matter; here each
+// output's sum runs over k in order, 32 outputs of a row side by side so the compiler can use
+// vector instructions); NaN codes give NaN products as in the reference. C is added with
+// round-to-odd and the result rounded once to f32. EXEC is ignored (all lanes). Layouts:
+// CDNA3/CDNA4 §7.1.4 as numerics._layout builds them.
+static inline __attribute__((always_inline)) void mfma_fp8(uint32_t *v, const int M, const int N, const int K,
+                                                            int rd, int ra, int rb, int rc, uint32_t cconst,
+                                                            const uint32_t *table, int fp16_ovfl) {
+    double A[512], B[512];               // A[i][k], B[k][j]
     uint32_t out[16 * LANES];
     int kl = K * M / 64;                 // items per lane (one byte each)
     int c_regs = M * N / 64, m_i = 64 / N;
@@ -217,18 +224,31 @@ EXPORT int pa_mfma_fp8(uint32_t *v, int M, int N, int K, int rd, int ra, int rb,
     }
     for (int i = 0; i < M; i++) {
         int reg = i % 4 + 4 * (i / (4 * m_i));
+        double acc[32];
+        for (int j = 0; j < N; j++) acc[j] = 0.0;
+        for (int k = 0; k < K; k++) {
+            double a = A[i * K + k];
+            const double *brow = B + k * N;
+            for (int j = 0; j < N; j++) acc[j] += a * brow[j];
+        }
         for (int j = 0; j < N; j++) {
             int lane = j + N * ((i / 4) % m_i);
-            double acc = 0.0;
-            for (int k = 0; k < K; k++) acc += A[i * K + k] * B[k * N + j];
             uint32_t cb = rc >= 0 ? v[(size_t)(rc + reg) * LANES + lane] : cconst;
-            double d64 = add_round_to_odd(acc, (double)asf(cb));
+            double d64 = add_round_to_odd(acc[j], (double)asf(cb));
             float d32 = (float)d64;
             if (fp16_ovfl && isfinite(d64) && isinf(d32)) d32 = d64 < 0 ? -3.4028234663852886e38f : 3.4028234663852886e38f;
             out[reg * LANES + lane] = isnan(d32) ? 0x7FC00000u : asu(d32);
         }
     }
     memcpy(v + (size_t)rd * LANES, out, sizeof(uint32_t) * (size_t)c_regs * LANES);
+}
+
+// The two fp8 shapes, with constant sizes (so the loops above vectorize).
+EXPORT int pa_mfma_fp8(uint32_t *v, int M, int N, int K, int rd, int ra, int rb, int rc, uint32_t cconst,
+                       const uint32_t *table, int fp16_ovfl) {
+    if (M == 16 && N == 16 && K == 32) mfma_fp8(v, 16, 16, 32, rd, ra, rb, rc, cconst, table, fp16_ovfl);
+    else if (M == 32 && N == 32 && K == 16) mfma_fp8(v, 32, 32, 16, rd, ra, rb, rc, cconst, table, fp16_ovfl);
+    else return -1;
     return 0;
 }
 
