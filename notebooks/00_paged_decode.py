@@ -10,7 +10,7 @@
 # ---
 
 # %% [markdown]
-# # 00 · Paged decode attention, AMD's words, and FlyDSL in one hour
+# # 00 · Paged decode attention, AMD's words, and the FlyDSL you need
 #
 # This course builds one kernel: **fp8 paged-attention decode** for AMD Instinct MI300 (gfx942)
 # and MI355 (gfx950), written in FlyDSL. This chapter is the way in. It states the problem,
@@ -128,8 +128,8 @@ figures.decode_floor(contexts, floors)
 plt.show()
 
 # %% [markdown]
-# FlyDSL's production decode kernel shows how far from the floor a real kernel sits. Its
-# author measured it on a gfx942 GPU at one shape (see "Upstream" below for who that is):
+# How far from the floor does a real kernel sit? Upstream's production decode kernel, timed by
+# its author on a gfx942 GPU ("Upstream" at the end of this chapter says whose kernel it is):
 
 # %%
 prod = seed_history.load()["production"]
@@ -380,7 +380,8 @@ print(offsets.cpu().reshape(8, 8).T)
 # %% [markdown]
 # Tokens 0-3 sit 8 apart in the first page; token 4 starts the second page, 96 elements on.
 # `zipped_divide` cuts the layout into 4×8 tiles, one per page, and collects "which tile" in a
-# second mode. The kernels of chapter 01 index that mode by the block table.
+# second mode. Chapter 01 lays a tile of K out this way, its pages as if back to back, and
+# translates each page through the block table.
 #
 # ## Cache layouts
 #
@@ -476,7 +477,8 @@ print(f"scale_add: {occ.waves_per_simd:g} waves/SIMD, bound by {' and '.join(occ
 # production kernel (`kernels/pa_decode_fp8.py`), timed above. `pa_decode_tile`
 # (`kernels/attention/pa_decode_tile.py`) is a tile kernel for the same problem. Its
 # development branch, `pr-825`, introduced one idea per commit and quoted MI300-class times in
-# the commit messages; pa_tile's stages retrace those ideas.
+# the commit messages. pa_tile's stages retrace those ideas; the course calls that branch's
+# kernel **the seed kernel**.
 #
 # Upstream is the yardstick for two reasons. It is the same language on the same hardware, so
 # a gap is a design difference, not a toolchain one. And its times are the only hardware

@@ -27,7 +27,8 @@
 # **You need** chapter 00 (FlyDSL idioms, layouts, the glossary) and FlashAttention's online
 # softmax.
 #
-# **Runs on** the CPU emulator (a few minutes: both archs, eight configurations), or a ROCm GPU.
+# **Runs on** the CPU emulator (about two minutes: both archs, eight configurations), or a ROCm
+# GPU.
 #
 # The work split:
 #
@@ -797,8 +798,8 @@ print(format_table(patterns) if patterns else "memory traces are recorded only b
 #   column read 16 rows whose stride (128 B for Q, 256 B for P) is a multiple of 32 banks × 4 B =
 #   128 B, so all 16 start in the same bank (gfx942; gfx950's 64 banks repeat every 256 B).
 #
-# The seed kernel's history has no measurement of this first step: its first commit already
-# started from a faster kernel. Chapter 02 shows the first measured effect.
+# The seed kernel's history quotes no time for a kernel like this one, so this chapter shows no
+# measured effect; chapter 02 has the first.
 
 # %%
 def pattern(instruction, *, lds=False):

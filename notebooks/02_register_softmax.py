@@ -30,7 +30,7 @@
 # **You need** chapter 01 (the MFMA atom's lane layout, the online softmax, the scales), chapter 00
 # (buffer loads, SGPRs, occupancy).
 #
-# **Runs on** the CPU emulator (a few minutes), or a ROCm GPU.
+# **Runs on** the CPU emulator (about two minutes), or a ROCm GPU.
 #
 # Scope is chapter 01's: f16 query `[num_seqs, num_q_heads, 128]`, one query token, fp8 K/V with
 # per-tensor scales (FNUZ on gfx942, OCP on gfx950), plain K and V layouts, block 16 or 64, 8 or
@@ -729,6 +729,10 @@ show.md(seed_history.markdown_table(seed) + "\n\n" + seed_history.attribution())
 #     merge the 4 waves' (m, l, O) through LDS       # once
 #     store f16 O / l
 # ```
+#
+# The PREDICTED times below are the timing model's (`pa_tile.perf`), not a GPU's. Stage 1 lies
+# outside the regime the model is calibrated on (it waits out several memory latencies a tile in
+# series), where it has over-predicted, so read the gain as an upper estimate.
 #
 # Next: chapter 03 pipelines the loop, loading the next tile's K while this one computes.
 
