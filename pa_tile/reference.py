@@ -15,6 +15,18 @@ Masking conventions (position ``j`` = token index within a sequence, 0-based):
 
 Tokens past ``L`` in a sequence's last page, and block-table entries past its last page,
 are never read into the result (garbage or NaN codes there cannot leak into it).
+
+Serving math (the conventions of gpt-oss, Gemma 2, vLLM and FlashInfer):
+
+* ``logits_soft_cap = c > 0``: each score, softmax scale applied, becomes ``c·tanh(s/c)``, before
+  masking.
+* ``sinks`` [num_q_heads] float32, natural-log units, not multiplied by the softmax scale: each row
+  of head ``h`` gains ``exp(sinks[h])`` in its softmax denominator and nothing in V (a key that is
+  always seen and has a zero value).
+* ``return_lse``: also the natural log of each row's denominator over its keys, ``[rows,
+  num_q_heads]`` float32, ``-inf`` for a row with no key. Sinks are not in it: a row's LSE is a
+  property of its key set, so two attentions over disjoint keys merge by it
+  (``pa_tile.merge_states``) and the sink is added once, to the merged row.
 """
 
 from __future__ import annotations
@@ -177,8 +189,12 @@ def paged_attention_reference(
     softmax_scale: Optional[float] = None,
     sliding_window: int = 0,
     fp8_format: Optional[str] = None,
-) -> torch.Tensor:
-    """Paged decode attention in float32; returns a tensor shaped and typed like ``query``.
+    sinks: Optional[torch.Tensor] = None,
+    logits_soft_cap: Optional[float] = None,
+    return_lse: bool = False,
+):
+    """Paged decode attention in float32; returns a tensor shaped and typed like ``query``
+    (``(out, lse)`` with ``return_lse``).
 
     * ``query``: [num_seqs*query_length, num_q_heads, head_dim] float16/bfloat16/float32;
       row ``s*query_length + i`` is query ``i`` of sequence ``s``.
@@ -192,6 +208,7 @@ def paged_attention_reference(
       per token ([num_blocks, num_kv_heads, block_size]).
     * GQA: q head ``h`` reads kv head ``h // (num_q_heads // num_kv_heads)``.
     * ``softmax_scale`` defaults to ``1/sqrt(head_dim)``; masks as in the module docstring.
+    * ``sinks``, ``logits_soft_cap``, ``return_lse``: the serving math of the module docstring.
 
     Every argument is checked (ValueError/TypeError naming it) before any arithmetic.
     """
@@ -199,6 +216,7 @@ def paged_attention_reference(
         query, k_cache, v_cache, block_tables, context_lengths, k_scale, v_scale,
         query_length, softmax_scale, sliding_window, fp8_format,
     )
+    _check_serving_math(sinks, logits_soft_cap, query.shape[1])
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(d)
     ql = query_length
@@ -220,15 +238,36 @@ def paged_attention_reference(
 
     q = query.to(torch.float32).reshape(S, ql, Hkv, G, d)
     scores = torch.einsum("sihgd,shtd->sihgt", q, k) * softmax_scale
+    if logits_soft_cap is not None:
+        scores = logits_soft_cap * torch.tanh(scores / logits_soft_cap)
 
     pos = ctx[:, None] - ql + torch.arange(ql, device=dev)[None, :]  # [S, ql]
     allowed = tok[None, None, :] <= pos[:, :, None]  # [S, ql, T]
     if sliding_window > 0:
         allowed &= tok[None, None, :] >= pos[:, :, None] - sliding_window + 1
     scores = scores.masked_fill(~allowed[:, :, None, None, :], float("-inf"))
-    probs = torch.softmax(scores, dim=-1)
-    out = torch.einsum("sihgt,shtd->sihgd", probs, v)
-    return out.reshape(S * ql, Hq, d).to(query.dtype)
+    lse = torch.logsumexp(scores, dim=-1) if return_lse or sinks is not None else None  # -inf: no key
+    if sinks is None:
+        probs = torch.softmax(scores, dim=-1)
+    else:
+        denom = torch.logaddexp(lse, sinks.to(torch.float32).reshape(1, 1, Hkv, G).to(dev))
+        # the softmax with the sink's share of the denominator
+        probs = torch.exp(scores - denom[..., None])
+    out = torch.einsum("sihgt,shtd->sihgd", probs, v).reshape(S * ql, Hq, d).to(query.dtype)
+    return (out, lse.reshape(S * ql, Hq)) if return_lse else out
+
+
+def _check_serving_math(sinks, logits_soft_cap, num_q_heads):
+    if sinks is not None:
+        _tensor(sinks, "sinks")
+        if sinks.dtype != torch.float32 or tuple(sinks.shape) != (num_q_heads,):
+            raise ValueError(f"sinks: expected float32 [{num_q_heads}] (num_q_heads), got {sinks.dtype} "
+                             f"{tuple(sinks.shape)}")
+    if logits_soft_cap is not None:
+        if isinstance(logits_soft_cap, bool) or not isinstance(logits_soft_cap, (int, float)):
+            raise TypeError(f"logits_soft_cap: expected a float or None, got {type(logits_soft_cap).__name__}")
+        if not (math.isfinite(logits_soft_cap) and logits_soft_cap > 0):
+            raise ValueError(f"logits_soft_cap: must be finite and > 0, got {logits_soft_cap}")
 
 
 # Half the smallest e4m3 subnormal: the largest absolute rounding error of a P code below the
@@ -259,7 +298,8 @@ def kernel_query(query: torch.Tensor, fp8_format: str) -> torch.Tensor:
 
 def fp8_error_bound(query, k_cache, v_cache, block_tables, context_lengths, k_scale, v_scale, *,
                     query_length: int = 1, softmax_scale: Optional[float] = None, sliding_window: int = 0,
-                    fp8_format: Optional[str] = None, out_dtype: Optional[torch.dtype] = None):
+                    fp8_format: Optional[str] = None, out_dtype: Optional[torch.dtype] = None,
+                    sinks: Optional[torch.Tensor] = None, logits_soft_cap: Optional[float] = None):
     """``(ref, bound)``: the float32 reference (``paged_attention_reference``, not rounded to the
     query's dtype) and, per output element, a bound on ``|out - ref|`` for a kernel that does this
     package's fp8 arithmetic. Arguments as ``paged_attention_reference``; ``out_dtype``: the
@@ -285,20 +325,26 @@ def fp8_error_bound(query, k_cache, v_cache, block_tables, context_lengths, k_sc
     * rounds the output to ``out_dtype``: half an ulp of it, relative.
 
     A row that sees few tokens gets a wide bound (one token's P rounding moves it by up to 2^-4·|v|);
-    a long row a narrow one (about 2^-4 of the mean |v|)."""
+    a long row a narrow one (about 2^-4 of the mean |v|).
+
+    ``sinks`` and ``logits_soft_cap`` enter every weighted term through the reference (a sink only
+    adds to the denominator, so it shrinks the weights; the cap's tanh has slope <= 1, so the fp8
+    query moves a capped score no more than an uncapped one, and ``o_q`` computes that move); the
+    subnormal term keeps its bound without them (a sink only makes the row's sum of P larger)."""
     fmt, *_ = _validate(query, k_cache, v_cache, block_tables, context_lengths, k_scale, v_scale,
                         query_length, softmax_scale, sliding_window, fp8_format)
     from pa_tile.fp8 import FP8_MAX
 
     kw = dict(query_length=query_length, softmax_scale=softmax_scale, sliding_window=sliding_window,
               fp8_format=fmt)
+    math_kw = dict(kw, sinks=sinks, logits_soft_cap=logits_soft_cap)
     tables = (block_tables, context_lengths)
     q = query.to(torch.float32)
-    ref = paged_attention_reference(q, k_cache, v_cache, *tables, k_scale, v_scale, **kw)
+    ref = paged_attention_reference(q, k_cache, v_cache, *tables, k_scale, v_scale, **math_kw)
     q_k = kernel_query(query, fmt)
-    o_q = paged_attention_reference(q_k, k_cache, v_cache, *tables, k_scale, v_scale, **kw)
+    o_q = paged_attention_reference(q_k, k_cache, v_cache, *tables, k_scale, v_scale, **math_kw)
     abs_v, abs_vs = _abs_codes(v_cache), (v_scale.abs() if isinstance(v_scale, torch.Tensor) else abs(v_scale))
-    weighted_abs_v = paged_attention_reference(q_k, k_cache, abs_v, *tables, k_scale, abs_vs, **kw)
+    weighted_abs_v = paged_attention_reference(q_k, k_cache, abs_v, *tables, k_scale, abs_vs, **math_kw)
     # a zero query weights every token a row sees alike: the mean of |v_code|, times its count
     vs_max = float(abs_vs.max()) if isinstance(abs_vs, torch.Tensor) else float(abs_vs)
     mean_codes = paged_attention_reference(torch.zeros_like(q), k_cache, abs_v, *tables, k_scale, vs_max, **kw)
