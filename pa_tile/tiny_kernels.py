@@ -1,9 +1,5 @@
-"""The smallest FlyDSL kernel of the walkthrough: ``Out = alpha * X + Y``.
-
-Chapter 00 shows this source, launches it and reads its gfx942/gfx950 assembly before any
-attention code appears; the command line (``python -m pa_tile ... --kernel tiny``) and the timing model's
-tests use it as their smallest kernel. Lines stay within 100 characters: chapter 00 displays them.
-"""
+"""The smallest FlyDSL kernel of the course, ``Out = alpha * X + Y``: chapter 00 shows this file
+(lines within 100 characters), launches the kernel and reads its assembly."""
 
 import flydsl.compiler as flyc
 import flydsl.expr as fx
