@@ -192,6 +192,7 @@ def paged_attention_reference(
     sinks: Optional[torch.Tensor] = None,
     logits_soft_cap: Optional[float] = None,
     return_lse: bool = False,
+    query_start_loc: Optional[torch.Tensor] = None,
 ):
     """Paged decode attention in float32; returns a tensor shaped and typed like ``query``
     (``(out, lse)`` with ``return_lse``).
@@ -209,9 +210,17 @@ def paged_attention_reference(
     * GQA: q head ``h`` reads kv head ``h // (num_q_heads // num_kv_heads)``.
     * ``softmax_scale`` defaults to ``1/sqrt(head_dim)``; masks as in the module docstring.
     * ``sinks``, ``logits_soft_cap``, ``return_lse``: the serving math of the module docstring.
+    * ``query_start_loc`` [num_seqs + 1] (vLLM's; FlashInfer's ``qo_indptr``): ragged query rows,
+      sequence ``s`` owns rows ``loc[s] .. loc[s+1]-1``, the last ``loc[s+1] - loc[s]`` positions
+      of its context (0 rows: skipped); ``query`` packs ``loc[-1]`` rows and ``query_length`` is
+      not used.
 
     Every argument is checked (ValueError/TypeError naming it) before any arithmetic.
     """
+    if query_start_loc is not None:
+        return _ragged(query, k_cache, v_cache, block_tables, context_lengths, k_scale, v_scale, query_start_loc,
+                       softmax_scale=softmax_scale, sliding_window=sliding_window, fp8_format=fp8_format,
+                       sinks=sinks, logits_soft_cap=logits_soft_cap, return_lse=return_lse)
     fmt, S, Hkv, bs, d, ks, vs = _validate(
         query, k_cache, v_cache, block_tables, context_lengths, k_scale, v_scale,
         query_length, softmax_scale, sliding_window, fp8_format,
@@ -255,6 +264,29 @@ def paged_attention_reference(
         probs = torch.exp(scores - denom[..., None])
     out = torch.einsum("sihgt,shtd->sihgd", probs, v).reshape(S * ql, Hq, d).to(query.dtype)
     return (out, lse.reshape(S * ql, Hq)) if return_lse else out
+
+
+def _ragged(query, k_cache, v_cache, block_tables, context_lengths, k_scale, v_scale, loc, **kw):
+    """The reference over ragged query rows: each sequence with rows is its own uniform call."""
+    _tensor(loc, "query_start_loc")
+    if loc.dtype not in _INDEX_DTYPES or tuple(loc.shape) != (block_tables.shape[0] + 1,):
+        raise ValueError(f"query_start_loc: expected int32 [{block_tables.shape[0] + 1}] (num_seqs + 1), got "
+                         f"{loc.dtype} {tuple(loc.shape)}")
+    starts = loc.tolist()
+    if starts[0] != 0 or any(b < a for a, b in zip(starts, starts[1:])) or starts[-1] != query.shape[0]:
+        raise ValueError(f"query_start_loc: must rise from 0 to query's {query.shape[0]} rows, got {starts}")
+    out = torch.zeros(query.shape, dtype=query.dtype, device=query.device)
+    lse = torch.full(query.shape[:2], float("-inf"), device=query.device)
+    for s, (a, b) in enumerate(zip(starts, starts[1:])):
+        if b == a:
+            continue
+        got = paged_attention_reference(query[a:b], k_cache, v_cache, block_tables[s:s + 1],
+                                        context_lengths[s:s + 1], k_scale, v_scale, query_length=b - a, **kw)
+        if kw.get("return_lse"):
+            out[a:b], lse[a:b] = got
+        else:
+            out[a:b] = got
+    return (out, lse) if kw.get("return_lse") else out
 
 
 def _check_serving_math(sinks, logits_soft_cap, num_q_heads):

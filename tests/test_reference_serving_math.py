@@ -103,3 +103,24 @@ def test_bad_serving_math_is_named(kw, name):
     with pytest.raises((TypeError, ValueError), match=f"^{name}: "):
         paged_attention_reference(case.query, case.k_cache, case.v_cache, case.block_tables, case.context_lengths,
                                   case.k_scale, case.v_scale, **kw)
+
+
+def test_ragged_query_rows_match_each_sequence_alone():
+    """query_start_loc packs each sequence's own number of query rows (0 allowed): every sequence's
+    rows equal the uniform reference of that sequence alone with its query_length."""
+    full = cache.make_case(4, 8, 2, 64, 16, [40, 300, 9, 130], query_length=8, scales="per-token", seed=2)
+    lengths = [1, 8, 0, 5]
+    keep = [r for s, q in enumerate(lengths) for r in range(s * 8 + 8 - q, s * 8 + 8)]
+    query = full.query[keep]
+    loc = torch.tensor([0, 1, 9, 9, 14], dtype=torch.int32)
+    args = (full.k_cache, full.v_cache, full.block_tables, full.context_lengths, full.k_scale, full.v_scale)
+    out, lse = paged_attention_reference(query, *args, query_start_loc=loc, return_lse=True, sliding_window=50)
+    for s, q in enumerate(lengths):
+        if q == 0:
+            continue
+        a = int(loc[s])
+        alone = paged_attention_reference(query[a:a + q], args[0], args[1], args[2][s:s + 1], args[3][s:s + 1],
+                                          *args[4:], query_length=q, return_lse=True, sliding_window=50)
+        assert torch.equal(out[a:a + q], alone[0]) and torch.equal(lse[a:a + q], alone[1])
+    with pytest.raises(ValueError, match="^query_start_loc: "):
+        paged_attention_reference(query, *args, query_start_loc=torch.tensor([0, 1, 9, 8, 14], dtype=torch.int32))
