@@ -429,3 +429,30 @@ def test_blocks_stop_at_labels_and_branches():
         outs.append((w.v[:4].copy(), w.s[:4].copy(), w.scc))
     assert np.array_equal(outs[0][0], outs[1][0]) and np.array_equal(outs[0][1], outs[1][1])
     assert outs[0][2] == outs[1][2] and outs[0][1][0] == 15
+
+
+@pytest.mark.parametrize("body", ["s_load_dword s8, s[0:1], 0x10", "s_load_dwordx2 s[8:9], s[0:1], s4",
+                                  "s_load_dwordx4 s[8:11], s[0:1], s4 offset:0x8",
+                                  "s_load_dwordx8 s[8:15], s[0:1], 0x3",       # low address bits ignored
+                                  "s_load_dwordx2 s[0:1], s[0:1], 0x0\ns_load_dword s2, s[0:1], 0x4"])
+def test_fast_s_load_equals_reference(body):
+    """Scalar loads inside and past the tensor (a fault: the same message), the base overwritten."""
+    import torch
+
+    from pa_tile.emu import GlobalMemory, MemoryFault
+
+    data = torch.arange(64, dtype=torch.int32)
+    ptrs = torch.tensor([data.data_ptr(), data.data_ptr() + 200], dtype=torch.int64)
+    mem = GlobalMemory([(data.data_ptr(), 256, "data"), (ptrs.data_ptr(), 16, "ptrs")])
+    for base, soff in ((data.data_ptr(), 8), (data.data_ptr() + 240, 4), (ptrs.data_ptr(), 0)):
+        got = []
+        for engine in ("fast", "reference"):
+            w = Wave("gfx942")
+            w.s[0], w.s[1], w.s[4] = base & 0xFFFFFFFF, base >> 32, soff
+            w.mem = mem
+            try:
+                run_wave(_program(body, "gfx942"), w, arch="gfx942", engine=engine)
+                got.append((w.s.copy().tolist(), None))
+            except MemoryFault as e:
+                got.append((None, str(e)))
+        assert got[0] == got[1], (body, base - data.data_ptr(), soff)

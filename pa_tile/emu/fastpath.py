@@ -16,7 +16,7 @@ from typing import Optional
 import numpy as np
 
 SOURCE = Path(__file__).resolve().parent / "_shim" / "emu_fastpath.c"
-ABI_VERSION = 4
+ABI_VERSION = 5
 # no fused multiply-adds: each C expression must round exactly where numpy's does
 _FLAGS = ("-ffp-contract=off", "-fno-fast-math")
 
@@ -48,7 +48,7 @@ def lib() -> Optional[ctypes.CDLL]:
         "pa_buffer_load": (P, P, I, I, I, U, I64, I, P, P, I),
         "pa_ds_read": (P, P, I, I, I, U, P, I64, P, I, I, I),
         "pa_ds_write": (P, P, I, I, I, U, P, I64, P, I, I, I),
-        "pa_run_block": (P, P, P, I, I),
+        "pa_run_block": (P, P, P, I, I, P),
         "pa_exp_prep": (P, P, I64, P),
         "pa_exp_finish": (P, P, I, P),
     }

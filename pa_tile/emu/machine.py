@@ -58,7 +58,7 @@ class Wave:
     """Architectural state of one wavefront."""
 
     __slots__ = ("v", "s", "scc", "em", "eall", "pc", "lds", "races", "mem", "wg_id", "wave_id", "uid", "trace",
-                 "arch", "done", "scratch", "cptr")
+                 "arch", "done", "scratch", "cptr", "fctx")
 
     def __init__(self, arch: str = "gfx942"):
         self.v = np.zeros((512, LANES), np.uint32)
@@ -78,6 +78,7 @@ class Wave:
         self.done = False
         self.scratch = None  # ops_scratch.PrivateSegment when the kernel has a private segment
         self.cptr = None  # the fast engine's raw register-file pointers (fastpath.pointers)
+        self.fctx = None  # the fast engine's memory context for blocks (ops_fast._memory_context)
         self.exec = (1 << LANES) - 1  # a fresh wave has all lanes on
 
     def sync_exec(self) -> None:

@@ -22,6 +22,7 @@ returns None) runs the reference handler.
 
 from __future__ import annotations
 
+import ctypes
 from typing import Callable, Dict, Optional
 
 import numpy as np
@@ -330,7 +331,9 @@ _OPS = ["nop", "v_mov_b32", "v_not_b32", "v_add_u32", "v_sub_u32", "v_subrev_u32
         "s_min_i32", "s_max_i32", "s_min_u32", "s_max_u32", "s_cselect_b32", "s_cselect_b64",
         "s_cmp_eq_i32", "s_cmp_lg_i32", "s_cmp_gt_i32", "s_cmp_ge_i32", "s_cmp_lt_i32", "s_cmp_le_i32",
         "s_cmp_eq_u32", "s_cmp_lg_u32", "s_cmp_gt_u32", "s_cmp_ge_u32", "s_cmp_lt_u32", "s_cmp_le_u32",
-        "valu_f32", "pk_fma", "cvt_pk8", "mfma_fp8", "f_arith", "pk_arith", "cvt_f32_f16"]
+        "valu_f32", "pk_fma", "cvt_pk8", "mfma_fp8", "f_arith", "pk_arith", "cvt_f32_f16",
+        "buffer_load", "ds_read", "ds_write", "s_load"]
+_MEMORY = {"buffer_load", "ds_read", "ds_write", "s_load"}
 _ARITH = {"v_add_f32": 0, "v_sub_f32": 1, "v_subrev_f32": 2, "v_mul_f32": 3}
 _PK_ARITH = {"v_pk_add_f32": 0, "v_pk_mul_f32": 3}
 OPCODE = {n: i for i, n in enumerate(_OPS)}
@@ -366,6 +369,12 @@ def block_entry(ctx):
     base, ops = ctx.base, ctx.ops
     if base in _NOPS:
         return (OPCODE["nop"], 0, 0, 0, 0, 0, 0), False
+    if base in _DWORD_LOADS:
+        return _buffer_load_entry(ctx)
+    if base.startswith(("ds_read_b", "ds_write_b")) and base.rsplit("_", 1)[1] in _DS_DWORDS:
+        return _ds_entry(ctx, base.startswith("ds_write"))
+    if base.startswith("s_load_dword"):
+        return _s_load_entry(ctx)
     if ctx.enc not in ("", "e32", "e64"):
         return None
     if base.startswith("v_"):
@@ -491,6 +500,57 @@ def _salu_entry(base, ops):
         _touches_exec(ops[0], dst_bits // 32)
 
 
+def _buffer_load_entry(ctx):
+    m = ctx.mods
+    if set(m) - {"offset", "offen", "glc", "slc", "nt", "sc0", "sc1"} or len(ctx.ops) != 4:
+        return None
+    dst_o, vaddr, srsrc, soffset = ctx.ops
+    offen = bool(m.get("offen"))
+    if offen and (vaddr.kind != "v" or vaddr.count != 1):
+        return None
+    if soffset.kind == "imm":
+        soff = 2 | (const_bits(soffset, "b32") << 32)
+    elif soffset.kind == "s" and soffset.count == 1:
+        soff = 1 | (soffset.index << 8)
+    else:
+        return None
+    return (OPCODE["buffer_load"], ctx.vrow(dst_o), vaddr.index if offen else -1, soff, srsrc.index,
+            int(m.get("offset", 0)) & 0xFFFFFFFF, _DWORD_LOADS[ctx.base]), False
+
+
+def _ds_entry(ctx, write):
+    if set(ctx.mods) - {"offset"} or len(ctx.ops) != 2:
+        return None
+    data_o, addr_o = (ctx.ops[1], ctx.ops[0]) if write else (ctx.ops[0], ctx.ops[1])
+    nregs = _DS_DWORDS[ctx.base.rsplit("_", 1)[1]]
+    if addr_o.kind != "v" or addr_o.count != 1 or data_o.kind not in ("v", "a") or data_o.count != nregs:
+        return None
+    return (OPCODE["ds_write" if write else "ds_read"], ctx.vrow(data_o), addr_o.index,
+            int(ctx.mods.get("offset", 0)) & 0xFFFFFFFF, nregs, ctx.index, 0), False
+
+
+_SMEM_N = {"s_load_dword": 1, "s_load_dwordx2": 2, "s_load_dwordx4": 4, "s_load_dwordx8": 8, "s_load_dwordx16": 16}
+
+
+def _s_load_entry(ctx):
+    """As ops_vmem._s_load: ``(base pair + offset) & ~3``, offset an immediate or an SGPR plus
+    ``offset:``."""
+    n = _SMEM_N.get(ctx.base)
+    if n is None or len(ctx.ops) != 3 or set(ctx.mods) - {"offset", "glc", "nv", "sc0", "sc1", "nt"}:
+        return None
+    dst, base, off = ctx.ops
+    if dst.kind != "s" or dst.count != n or base.kind != "s" or base.count != 2:
+        return None
+    imm = int(ctx.mods.get("offset", 0))
+    if off.kind == "imm":
+        code, add = 2, int(off.value) + imm
+    elif off.kind == "s" and off.count == 1:
+        code, add = 1 | (off.index << 8), imm
+    else:
+        return None
+    return (OPCODE["s_load"], dst.index, base.index, code, n, add, 0), _touches_exec(dst, n)
+
+
 def _pk_sel(ctx):
     m = ctx.mods
     fields = [tuple(m.get(k, (d,) * 3)) + (d,) * 3 for k, d in
@@ -534,12 +594,15 @@ def block_code(program, kernel, arch, code, make_ctx):
             i += 1
             continue
         j = i + 1
-        while j < n and j in entries and j not in labels:
+        # a memory entry only ever starts a block: when its C path refuses (a fault to report,
+        # lanes out of range, ...), its own handler runs as the instruction the loop is at
+        while j < n and j in entries and j not in labels and _OPS[entries[j][0][0]] not in _MEMORY:
             j += 1
-        if j - i >= 2:
+        memory = _OPS[entries[i][0][0]] in _MEMORY
+        if j - i >= 2 or memory:
             table = np.array([tuple(_i64(x) for x in entries[k][0]) for k in range(i, j)], INSN)
             sync = any(entries[k][1] for k in range(i, j))
-            out[i] = _block_handler(run_block, pointers, table, j, sync, code[i:j])
+            out[i] = _block_handler(run_block, pointers, table, j, sync, code[i:j], memory)
         i = j
     return out
 
@@ -550,27 +613,71 @@ def _i64(x: int) -> int:
     return x - (1 << 64) if x >> 63 else x
 
 
-def _block_handler(run_block, pointers, table, nxt, sync, handlers):
+def _memory_context(w):
+    """The ``ctx`` array of ``pa_run_block`` for wave *w* (cached on the wave, refreshed when its
+    memory, LDS, race checker or regions change; the epoch is read at every call)."""
+    from .memory import GlobalMemory
+
+    mem, lds, races = w.mem, w.lds, w.races
+    f = w.fctx
+    if f is None or f[0] is not mem or f[1] is not lds or f[2] is not races or \
+            (f[4] is not None and f[4] is not mem._bases):
+        arr = np.zeros(10, np.int64)
+        arr[4] = -1
+        spans_of = None
+        if type(mem) is GlobalMemory and not mem.overread:
+            sp = fastpath.spans(mem)
+            arr[0], arr[1], arr[2], arr[3] = sp[2], sp[3], sp[4], 1
+            spans_of = mem._bases
+        elif mem is not None and hasattr(mem, "_bases"):
+            spans_of = mem._bases
+        lp = fastpath.lds_pointer(lds) if lds is not None else None
+        rp = fastpath.race_pointers(races) if races is not None else None
+        if lp is not None and (races is None or rp is not None):
+            arr[5], arr[6] = lp, lds.limit
+            arr[7] = ctypes.addressof(rp) if rp is not None else 0
+        arr[8] = w.wave_id
+        f = w.fctx = (mem, lds, races, arr, spans_of, arr.ctypes.data)
+    arr = f[3]
+    if races is not None:
+        arr[9] = races.epoch
+    arr[8] = w.wave_id
+    arr[4] = -1
+    return f
+
+
+def _block_handler(run_block, pointers, table, nxt, sync, handlers, memory=False):
     tptr, count, size = table.ctypes.data, len(table), table.itemsize
 
     def h(w, _keep=table):
         c = pointers(w)
-        if c is None:                 # unusual register arrays: the instructions one by one
-            for f in handlers:
-                f(w)
+        if c is None or (memory and w.trace is not None):   # the instructions one by one
+            for k, f in enumerate(handlers):
+                r = f(w)
+                if r is not None:
+                    raise RuntimeError(f"fast engine: block entry {k} returned {r}")
             return nxt
+        if memory:
+            f = _memory_context(w)
+            cx, arr = f[5], f[3]
+        else:
+            cx = arr = None
         start = 0
         while True:
-            r = run_block(c[2], c[3], tptr + start * size, count - start, w.scc)
+            r = run_block(c[2], c[3], tptr + start * size, count - start, w.scc, cx)
             if r < 0:
                 raise RuntimeError(f"fast engine: block entry {start - r - 1} has no C operation")
             w.scc = r & 1
             if sync:
                 w.sync_exec()
+            if arr is not None and arr[4] >= 0:
+                w.mem._last = int(arr[4])      # what memory.GlobalMemory._resolve remembers
+                arr[4] = -1
             if r < 2:
                 return nxt
-            # entry k left to its own handler (f32 arithmetic on a NaN: the reference decides
-            # the payload); the C code resumes after it
+            # entry k left to its own handler: f32 arithmetic on a NaN (the reference decides
+            # the payload), or the memory entry that starts this block refusing (its handler
+            # faults, reports a race, or handles what C does not); the C code resumes after it
             k = start + (r >> 1) - 1
             handlers[k](w)
             start = k + 1

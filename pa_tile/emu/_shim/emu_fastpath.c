@@ -22,7 +22,7 @@
 #define SGPR_EXEC 126
 
 // Bumped whenever a signature below changes; Python refuses a mismatch.
-EXPORT int pa_fast_abi_version(void) { return 4; }
+EXPORT int pa_fast_abi_version(void) { return 5; }
 
 typedef union { uint32_t u; float f; } f32u;
 typedef union { uint64_t u; double d; } f64u;
@@ -435,7 +435,31 @@ enum {
     // f32 arithmetic as numpy's float32 ufuncs compute it; a NaN input stops the block (numpy's
     // NaN payload choice is left to the reference handler). d: 0 add, 1 sub, 2 subrev, 3 mul
     B_F_ARITH, B_PK_ARITH, B_CVT_F32_F16,
+    // memory: the single-instruction paths above (a refusal stops the block; ops_fast makes
+    // each of these the first entry of its block, so its own handler then runs as that
+    // instruction), and s_load_dword*
+    B_BUF_LOAD, B_DS_READ, B_DS_WRITE, B_S_LOAD,
 };
+
+// What memory entries need (ops_fast fills it per call): 0 bases, 1 ends, 2 span count, 3 global
+// memory usable (a plain GlobalMemory without over-read slack), 4 region of the last buffer load
+// (out; -1: none), 5 LDS bytes (0: refuse LDS entries), 6 LDS limit, 7 race checker arrays (0:
+// none), 8 wave id, 9 barrier epoch.
+enum { CX_BASES, CX_ENDS, CX_NSPANS, CX_MEM_OK, CX_LAST, CX_LDS, CX_LIMIT, CX_RACES, CX_WAVE, CX_EPOCH };
+
+// s_load_dword{,x2,x4,x8,x16}: n dwords from (base + offset) & ~3, which must lie in one region
+// (memory.GlobalMemory.load_scalar); else refused (the reference faults).
+static int s_load(uint32_t *s, int dst, int n, uint64_t addr, const int64_t *ctx) {
+    const uint64_t *bases = (const uint64_t *)(uintptr_t)ctx[CX_BASES], *ends = (const uint64_t *)(uintptr_t)ctx[CX_ENDS];
+    uint64_t a = addr & ~3ull, nbytes = 4ull * (uint64_t)n;
+    for (int i = 0; i < (int)ctx[CX_NSPANS]; i++) {
+        if (bases[i] <= a && a + nbytes <= ends[i]) {
+            memcpy(s + dst, (const void *)(uintptr_t)a, (size_t)nbytes);
+            return 0;
+        }
+    }
+    return -1;
+}
 
 static inline float arith(int kind, float x, float y) {
     switch (kind) {
@@ -462,7 +486,7 @@ static inline int64_t sx32(uint64_t x) { return (int64_t)(int32_t)(uint32_t)x; }
 // Returns SCC (bit 0) | (k + 1) << 1 when entry k must run in Python instead (a NaN input to f32
 // arithmetic; entries before it are done, it and those after are not), or -(k + 1) if entry k has
 // an unknown operation.
-EXPORT int pa_run_block(uint32_t *v, uint32_t *s, const insn_t *code, int n, int scc) {
+EXPORT int pa_run_block(uint32_t *v, uint32_t *s, const insn_t *code, int n, int scc, int64_t *ctx) {
     uint32_t a[LANES], b[LANES], c[LANES], r[LANES];
     for (int k = 0; k < n; k++) {
         const insn_t *p = &code[k];
@@ -619,6 +643,32 @@ EXPORT int pa_run_block(uint32_t *v, uint32_t *s, const insn_t *code, int n, int
             }
             write_rows(v, s, p->dst, lo);
             write_rows(v, s, p->dst + 1, hi);
+            continue;
+        }
+        if (op >= B_BUF_LOAD && op <= B_S_LOAD) {
+            int done = -1;
+            if (op == B_BUF_LOAD && ctx[CX_MEM_OK]) {
+                done = pa_buffer_load(v, s, p->dst, (int)p->e, (int)p->a, (uint32_t)p->d, p->b, (int)p->c,
+                                      (const uint64_t *)(uintptr_t)ctx[CX_BASES], (const uint64_t *)(uintptr_t)ctx[CX_ENDS],
+                                      (int)ctx[CX_NSPANS]);
+                if (done >= 0) ctx[CX_LAST] = done;
+                done = done == -1 ? -1 : 0;
+            } else if ((op == B_DS_READ || op == B_DS_WRITE) && ctx[CX_LDS]) {
+                const races_t *rp = (const races_t *)(uintptr_t)ctx[CX_RACES];
+                uint8_t *lds = (uint8_t *)(uintptr_t)ctx[CX_LDS];
+                if (op == B_DS_READ)
+                    done = pa_ds_read(v, s, p->dst, (int)p->c, (int)p->a, (uint32_t)p->b, lds, ctx[CX_LIMIT], rp,
+                                      (int)ctx[CX_WAVE], (int)p->d, (int)ctx[CX_EPOCH]);
+                else
+                    done = pa_ds_write(v, s, p->dst, (int)p->c, (int)p->a, (uint32_t)p->b, lds, ctx[CX_LIMIT], rp,
+                                       (int)ctx[CX_WAVE], (int)p->d, (int)ctx[CX_EPOCH]);
+            } else if (op == B_S_LOAD) {
+                int i = (int)p->a;
+                uint64_t base = (uint64_t)s[i] | ((uint64_t)s[i + 1] << 32);
+                uint64_t off = ((p->b & 3) == 1) ? (uint64_t)s[(p->b >> 8) & 0xFFFF] + (uint64_t)p->d : (uint64_t)p->d;
+                done = s_load(s, p->dst, (int)p->c, base + off, ctx);
+            }
+            if (done != 0) return (scc ? 1 : 0) | ((k + 1) << 1);
             continue;
         }
         int rc = 0;
