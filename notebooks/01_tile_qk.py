@@ -206,15 +206,15 @@ def counting(layout):
 def k_virtual_layout(block_size):
     """(token, channel) of a K tile -> offset, as if the tile's pages were stored back to back."""
     page = block_size * HEAD_DIM
-    return fx.make_layout(((block_size, TILE_TOKENS // block_size), HEAD_DIM), ((HEAD_DIM, page),
-                                                                                1))
+    pages = TILE_TOKENS // block_size
+    return fx.make_layout(((block_size, pages), HEAD_DIM), ((HEAD_DIM, page), 1))
 
 
 def v_virtual_layout(block_size):
     """(channel, token) of a V tile -> offset, its pages ([HEAD_DIM, block_size]) back to back."""
     page = block_size * HEAD_DIM
-    return fx.make_layout((HEAD_DIM, (block_size, TILE_TOKENS // block_size)), (block_size, (1,
-                                                                                             page)))
+    pages = TILE_TOKENS // block_size
+    return fx.make_layout((HEAD_DIM, (block_size, pages)), (block_size, (1, page)))
 
 
 def physical_offsets(virtual, tile, block_table_row, last_page, num_kv_heads, kv_head, block_size):
@@ -360,9 +360,8 @@ def quantize_query(query, seq, kv_head, tid, row, group_size, fp8, fp8_max_, sQ,
                    k_scale):
     """Part 1: this kv head's query rows to fp8 in LDS ``sQ``, one scale per row; returns the
     thread's row factor (raw score -> log2 units)."""
-    q_rows = fx.slice(fx.zipped_divide(query[seq, None, None], (group_size, HEAD_DIM)), (None,
-                                                                                         (kv_head,
-                                                                                          0)))
+    q_groups = fx.zipped_divide(query[seq, None, None], (group_size, HEAD_DIM))
+    q_rows = fx.slice(q_groups, (None, (kv_head, 0)))
     q_atom = fx.make_copy_atom(fx.rocdl.BufferCopy128b(), fx.Float16)
     # threads past the group's rows re-read them (a valid address) and zero them below
     q_src = row_split_copy(q_atom, group_size,
@@ -448,9 +447,8 @@ class Tiles:
 def tile_scores(t, tile, key_cache, num_kv_heads, kv_head):
     """S = Q·Kᵀ for one tile, K gathered page by page straight into the B fragments; S to LDS."""
     k_mma = t.thr_mma.make_fragment_B(fx.make_view(fx.get_iter(key_cache), t.k_layout))
-    fx.gather(t.gather64, fx.get_iter(key_cache), t.offsets(t.k_virtual, tile, num_kv_heads,
-                                                            kv_head),
-              t.b_copy.retile(k_mma))
+    k_offsets = t.offsets(t.k_virtual, tile, num_kv_heads, kv_head)
+    fx.gather(t.gather64, fx.get_iter(key_cache), k_offsets, t.b_copy.retile(k_mma))
     s_mma = t.thr_mma.make_fragment_C(t.sS)
     s_mma.fill(0.0)
     fx.gemm(t.tiled_mma, s_mma, t.q_mma, k_mma, s_mma)
@@ -490,8 +488,8 @@ def tile_pv(t, tile, value_cache, num_kv_heads, kv_head, n_valid, o_old, sRow):
     fx.copy(t.lds64, t.a_copy.partition_S(t.sP), t.a_copy.retile(p_mma))
     v_mma = t.thr_mma.make_fragment_B(fx.make_view(fx.get_iter(value_cache), t.v_layout))
     v_frag = t.b_copy.retile(v_mma)
-    fx.gather(t.gather64, fx.get_iter(value_cache), t.offsets(t.v_virtual, tile, num_kv_heads,
-                                                              kv_head), v_frag)
+    v_offsets = t.offsets(t.v_virtual, tile, num_kv_heads, kv_head)
+    fx.gather(t.gather64, fx.get_iter(value_cache), v_offsets, v_frag)
     zero_tokens_past(v_frag, t.v_first_token, n_valid)
     pv = fx.make_fragment_like(t.thr_mma.partition_C(t.out_tile), fx.Float32)
     pv.fill(0.0)

@@ -355,8 +355,8 @@ class Workgroup:
         self.tid, self.wave, self.lane, self.col, self.grp = tid, wave, lane, col, grp
         seq = fx.Int32(gpu.block_id("x"))
         kvh = fx.Int32(gpu.block_id("y"))
-        q_rs, k_rs, v_rs, bt_rs, self.o_rs = (rsrc(t) for t in (query, key_cache, value_cache,
-                                                                block_tables, out))
+        tensors = (query, key_cache, value_cache, block_tables, out)
+        q_rs, k_rs, v_rs, bt_rs, self.o_rs = (rsrc(t) for t in tensors)
         self.ctx = ctx = scalar_load(context_lengths, seq)
         k_scale = scalar_load(key_scale, 0).bitcast(fx.Float32)
         self.v_scale = scalar_load(value_scale, 0).bitcast(fx.Float32)
@@ -590,8 +590,8 @@ def check(arch, block_size, group, contexts=(1, 17, 256, 1027), num_kv_heads=2, 
 
 
 # one row per (arch, block, group): the worst of its four sequences
-table = [check(arch, bs, g) for arch in backend.runnable_archs() for bs in (16, 64) for g in (8,
-                                                                                              16)]
+table = [check(arch, bs, g) for arch in backend.runnable_archs()
+         for bs in (16, 64) for g in (8, 16)]
 print(format_table(table))
 print(f"{len(table)} configurations x 4 contexts: "
       f"{'all' if all(r['ok'] for r in table) else 'NOT all'} "

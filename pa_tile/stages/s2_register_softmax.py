@@ -60,8 +60,8 @@ class Workgroup:
         self.tid, self.wave, self.lane, self.col, self.grp = tid, wave, lane, col, grp
         seq = fx.Int32(gpu.block_id("x"))
         kvh = fx.Int32(gpu.block_id("y"))
-        q_rs, k_rs, v_rs, bt_rs, self.o_rs = (rsrc(t) for t in (query, key_cache, value_cache,
-                                                                block_tables, out))
+        tensors = (query, key_cache, value_cache, block_tables, out)
+        q_rs, k_rs, v_rs, bt_rs, self.o_rs = (rsrc(t) for t in tensors)
         self.ctx = ctx = scalar_load(context_lengths, seq)
         k_scale = scalar_load(key_scale, 0).bitcast(fx.Float32)
         self.v_scale = scalar_load(value_scale, 0).bitcast(fx.Float32)
