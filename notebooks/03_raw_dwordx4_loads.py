@@ -9,38 +9,56 @@
 #       format_name: percent
 # ---
 
+
 # %% [markdown]
 # # 03 · Raw 128-bit loads and a pipelined loop
 #
-# Chapter 2 already reads K, V and the query with raw `buffer_load_dwordx4` and feeds raw
-# MFMA calls; it did so without saying why the tiled API could not. This chapter shows it
-# from the ISA, then spends the registers chapter 2 saved on a **software-pipelined loop**:
+# Chapter 02's kernel reads K, V and the query with raw `buffer_load_dwordx4` and calls the MFMA
+# directly. This chapter shows why the tiled API cannot emit those loads, and what the kernel
+# does with them. Then it pipelines the loop: the next tile's K is loaded while this tile computes.
 #
-# 1. why a tiled copy of an MFMA operand stops at 64-bit loads, and why permuting the
-#    contracted dimension lets one 128-bit load feed two MFMAs without changing the result;
-# 2. why the query must be loaded as raw dwords (element access is scalarized into 16-bit loads);
-# 3. the next tile's K and its block-table entries become loop-carried values, V is issued at
-#    the top of the tile that uses it;
-# 4. what it costs: registers and waves per SIMD, measured, and the choice made.
+# **You'll learn**
 #
-# Scope and numerics are chapter 2's (f16 query, head_dim 128, plain K/V layouts,
-# per-tensor scales, block 16/64, group 8/16).
+# * why a tiled copy of an MFMA operand stops at 64-bit loads;
+# * why permuting the contracted dimension lets one 128-bit load feed two MFMAs;
+# * why the query is read as raw dwords, not element by element;
+# * how a software-pipelined loop carries the next tile's K, and what it costs in registers;
+# * which cross-lane instructions the row max uses, and why DPP is not among them.
+#
+# **You need** chapter 01 (the MFMA operand layout), chapter 02 (the turned-around tile, the
+# register softmax, the lane `(c, g)` naming).
+#
+# **Runs on** the CPU emulator (about 2 minutes) or a ROCm GPU (MI300 / MI355; seconds).
+#
+# Scope is chapter 02's: f16 query, head_dim 128, plain K and V layouts, per-tensor scales,
+# block 16 or 64, 8 or 16 query heads per KV head.
+
 
 # %%
 import math
 import re
 
+import matplotlib.pyplot as plt
+import numpy as np
 import torch
 
-from pa_tile import cache, isa, toolchain
-from pa_tile.arch import ARCHS, fp8_format
-from pa_tile.emu.memory import format_table
+from IPython.display import display
+
+from pa_tile import backend, cache, figures, isa, seed_history, show, toolchain
+from pa_tile.arch import ARCHS, INFO, fp8_format
+from pa_tile.emu.memory import LINE_BYTES, format_table
+
+
+# %% tags=["nbval-ignore-output"]
+print("backend:", backend.ensure_backend())  # "gpu" on a ROCm machine, else "emu"
+
 
 # %% [markdown]
 # ## Why the tiled copy stops at 64 bits
 #
-# Chapter 1 built K's MFMA operand with a tiled copy derived from the tiled MMA. Compile it and
-# count the loads by width:
+# Chapter 01 built K's MFMA operand with a tiled copy derived from the tiled MMA. Compile that
+# kernel and count its loads by width:
+
 
 # %%
 from pa_tile.stages import s1_tile_qk  # noqa: E402
@@ -48,9 +66,11 @@ from pa_tile.stages import s1_tile_qk  # noqa: E402
 
 def compiled(module, arch="gfx942", block_size=16, group=8, **kw):
     # compiling needs no device: CPU tensors let a GPU machine compile for the other arch too
-    case = cache.make_case(1, group, 1, 128, block_size, 17, fp8_format=fp8_format(arch), device="cpu")
-    launch, args, arch = module.launch_args(case.query, case.k_cache, case.v_plain(), case.block_tables,
-                                            case.context_lengths, case.k_scale, case.v_scale, arch=arch, **kw)
+    case = cache.make_case(1, group, 1, 128, block_size, 17, fp8_format=fp8_format(arch),
+                           device="cpu")
+    launch, args, arch = module.launch_args(case.query, case.k_cache, case.v_plain(),
+                                            case.block_tables, case.context_lengths, case.k_scale,
+                                            case.v_scale, arch=arch, **kw)
     return toolchain.compile_isa(launch, *args, arch=arch)
 
 
@@ -59,41 +79,112 @@ st1 = isa.IsaStats.from_asm(asm1)
 print("stage 1 loads:", st1.load_widths)
 print(*[ln.strip() for ln in asm1.splitlines() if "buffer_load_dwordx2" in ln][:4], sep="\n")
 
+
 # %% [markdown]
-# The K and V operand loads are `buffer_load_dwordx2`: 8 bytes per lane. The reason is the
-# operand layout. For `v_mfma_f32_16x16x32_fp8_fp8` lane `(c, g)` (`c = lane % 16`,
-# `g = lane // 16`) holds row `c`, contracted indices `k = 8g .. 8g+7`: **8 contiguous
-# bytes**. The next 8 bytes of the same K row (`k = 8g+8 ..`) belong to lane `(c, g+1)`, and
-# the lane's next values (the next k-step, `k = 32 + 8g ..`) start 24 bytes further on. A
-# tiled copy partitions the tensor exactly as the MMA atom does, so the widest vector it can
-# prove contiguous per thread is 8 bytes, and that is the load it emits. Two loads per
-# 128 bytes-per-lane-pair, twice the instructions, and each `dwordx2` moves half of what the
-# memory pipeline could move per instruction.
+# The K and V operand loads are `buffer_load_dwordx2`: 8 bytes per lane. The operand layout
+# decides it. For `v_mfma_f32_16x16x32_fp8_fp8`, lane `(c, g)` (`c = lane % 16`,
+# `g = lane // 16`) holds row `c` at contracted indices `k = 8g .. 8g+7`. That is 8 contiguous
+# bytes. The next 8 bytes of the row belong to lane `(c, g+1)`. A tiled copy partitions the
+# tensor exactly as the MMA atom does. So the widest vector it can prove contiguous per lane is
+# 8 bytes, and that is the load it emits: half of what one load instruction can move.
 #
-# The fix is to change *which* contracted indices a k-step uses. For any permutation π of
-# `k`, `Σ_k A[r, π(k)]·B[π(k), c] = Σ_k A[r, k]·B[k, c]`: a dot product does not care in which
-# order its terms are paired, as long as A and B are permuted alike. So let lane `(c, g)` load
-# 16 contiguous bytes `16g .. 16g+15` of its row with one `dwordx4`, use bytes 0-7 in k-step 0
-# and bytes 8-15 in k-step 1, and load the query's B operand with the same mapping. Each
-# MFMA then sums a different set of 32 channels than the "natural" order, but the two k-steps
-# together cover the same 64, pair A and B alike, and accumulate into the same `D`.
+# ## One 128-bit load feeds two k-steps
+#
+# The fix changes *which* contracted indices a k-step uses. For any permutation π of `k`,
+# `Σ_k A[r, π(k)]·B[π(k), c] = Σ_k A[r, k]·B[k, c]`, as long as A and B are permuted alike. So
+# lane `(c, g)` loads the 16 contiguous bytes `16g .. 16g+15` of its row with one `dwordx4`. It
+# uses bytes 0-7 in k-step 0 and bytes 8-15 in k-step 1. The query's operand is loaded with the
+# same mapping. Each MFMA sums a different set of 32 channels than the natural order, but the two
+# k-steps together cover the same 64 and accumulate into the same `D`. Checked in integers:
+
 
 # %%
 # The argument, checked in integers (exact): permute k in both operands, same product.
 g = torch.Generator().manual_seed(0)
 A = torch.randint(-8, 8, (16, 64), generator=g)
 B = torch.randint(-8, 8, (64, 16), generator=g)
-lane_order = torch.tensor([16 * grp + 8 * step + i for step in range(2) for grp in range(4) for i in range(8)])
+lane_order = torch.tensor([16 * grp + 8 * step + i
+                           for step in range(2) for grp in range(4) for i in range(8)])
 # k-step `step`, lane group `grp` gets channels 16·grp + 8·step .. +8: a permutation of 0..63
 assert sorted(lane_order.tolist()) == list(range(64))
 assert torch.equal(A[:, lane_order] @ B[lane_order], A @ B)
 print("k permuted in A and B alike: identical product")
 
+
+# %% [markdown]
+# Where those bytes are, for one K load of this chapter's kernel, traced by the emulator (one
+# sequence of 256 tokens, block 16, gfx942). Each row is one 128-byte line, the unit the vector
+# L1 and the L2 fetch on both targets (CDNA3 and CDNA4 white papers). Each box is one lane's 16
+# bytes; the hatched half is what its second k-step uses.
+
+
+# %% tags=["nbval-ignore-output"]
+from pa_tile.emu import launch as emu_launch  # noqa: E402
+from pa_tile.emu.memory import Trace  # noqa: E402
+from pa_tile.stages import s2_register_softmax as s2  # noqa: E402
+from pa_tile.stages import s3_raw_loads as s3  # noqa: E402
+
+EMU = backend.current_backend() == "emu"  # traces are recorded only by the emulator
+NO_TRACE = "ran on the GPU: memory traces are recorded only by the emulator (PA_TILE_BACKEND=emu)"
+one_tile = cache.make_case(1, 8, 1, 128, 16, 256, fp8_format="fnuz", pad_block_id=-1)
+
+
+class AddressTrace(Trace):
+    """The emulator's trace, also keeping the active lanes' addresses of every global access."""
+
+    def __init__(self, arch):
+        super().__init__(arch)
+        self.addresses = []
+
+    def global_access(self, mnemonic, line, addrs, mask, nbytes, **kw):
+        super().global_access(mnemonic, line, addrs, mask, nbytes, **kw)
+        self.addresses.append((mnemonic, np.asarray(addrs, np.int64)[np.asarray(mask, bool)]))
+
+
+def traced(module, **kw):
+    trace = AddressTrace("gfx942")
+    c = one_tile
+    with emu_launch.launch_options(trace=trace):
+        module.paged_decode(c.query, c.k_cache, c.v_plain(), c.block_tables, c.context_lengths,
+                            c.k_scale, c.v_scale, arch="gfx942", **kw)
+    return trace
+
+
+def k_loads(trace):
+    """Each whole-wave K load's lane offsets from the K cache's start (no lane repeated)."""
+    lo = one_tile.k_cache.data_ptr()
+    hi = lo + one_tile.k_cache.numel()
+    return [a - lo for m, a in trace.addresses
+            if a.size == 64 and np.unique(a).size == 64 and ((a >= lo) & (a < hi)).all()]
+
+# %% tags=["nbval-ignore-output"]
+if EMU:
+    trace3 = traced(s3)
+    first_k = k_loads(trace3)[0]
+    note = "bytes 64-127 of each line:\nthe wave's next K load"
+    figures.lane_lines({"stage 3: one K load": first_k}, ksteps=True,
+                       notes={"stage 3: one K load": note})
+    plt.show()
+else:
+    print(NO_TRACE)
+
+
+# %%
+if EMU:
+    rows_of = first_k // LINE_BYTES
+    lanes_per_line = {int(r): int((rows_of == r).sum()) for r in np.unique(rows_of)}
+    display(show.md(f"""
+    One load touches {len(lanes_per_line)} lines, {set(lanes_per_line.values()).pop()} lanes in
+    each: lanes `c, c+16, c+32, c+48` read bytes 0-63 of token `c`'s row. The wave's next K load
+    reads bytes 64-127 of the same rows, so every line is read whole, over two loads."""))
+
+
 # %% [markdown]
 # ## The query: 16-bit elements, scalarized
 #
-# The query is f16. Reading a lane's 8 values element by element through a buffer tensor is
-# the obvious code, and the backend does not merge the eight 2-byte reads into one:
+# The query is f16. Reading a lane's 8 values element by element through a buffer tensor is the
+# obvious code. The backend does not merge the eight 2-byte reads into one:
+
 
 # %%
 import flydsl.compiler as flyc  # noqa: E402
@@ -129,20 +220,73 @@ def query_probe(raw):
 
 q_demo, o_demo = torch.zeros(512, dtype=torch.float16), torch.zeros(64)
 for raw in (False, True):
-    st = isa.IsaStats.from_asm(toolchain.compile_isa(query_probe(raw), o_demo, q_demo, arch="gfx942"))
+    asm = toolchain.compile_isa(query_probe(raw), o_demo, q_demo, arch="gfx942")
+    st = isa.IsaStats.from_asm(asm)
     print("raw dwordx4 + bitcast" if raw else "element reads        ", st.load_widths)
 
+
 # %% [markdown]
-# Eight `buffer_load_ushort` per lane instead of one `buffer_load_dwordx4`. The loads are
-# lowered one element at a time and nothing downstream widens them. The fix is to ask for
-# the width explicitly: a raw 4-dword load, then a bitcast of the `vector<4xi32>` to
-# `vector<8xf16>`, which costs no instruction. `query_operands` (chapter 2) does exactly
-# that, four `dwordx4` per lane.
+# Eight `buffer_load_ushort` per lane instead of one `buffer_load_dwordx4`: the loads are lowered
+# one element at a time and nothing widens them. The fix asks for the width explicitly: a raw
+# 4-dword load, then a bitcast of the `vector<4xi32>` to `vector<8xf16>`, which costs no
+# instruction. `query_operands` (chapter 02) does exactly that.
 #
+# ## What 128-bit loads bought, measured
+#
+# The seed kernel (FlyDSL PR #825) made the same two changes, K first, then V, and its author
+# timed each on a GPU:
+
+
+# %%
+show.md(seed_history.table("f44f95f5", "raw dwordx4 K load + raw QK MFMA") + "\n\n"
+        + seed_history.table("e4fcfb4d", "raw dwordx4 V load + raw PV MFMA"))
+
+
+# %% [markdown]
+# pa_tile's own count, from the ISA (static, whole kernel) and the emulator (the one-tile case
+# above): vector-memory loads by width, and the bytes each moves for the wave.
+
+
+# %% tags=["nbval-ignore-output"]
+def load_rows(label, asm, trace):
+    st = isa.IsaStats.from_asm(asm)
+    dyn = {}
+    for r in trace.accesses():
+        if r["space"] in ("buffer", "global") and not r["write"]:
+            d = dyn.setdefault(r["mnemonic"], [0, 0])
+            d[0] += 1
+            d[1] += r["bytes"]
+    return [dict(stage=label, load=m, executed=n, bytes_per_instr=b // n,
+                 static=sum(v for w in st.load_widths.values() for k, v in w.items()
+                            if m.endswith("_" + k)))
+            for m, (n, b) in sorted(dyn.items())]
+
+
+asm2, asm3 = compiled(s2), compiled(s3)
+if EMU:
+    widths = (load_rows("stage 1", asm1, traced(s1_tile_qk))
+              + load_rows("stage 2", asm2, traced(s2))
+              + load_rows("stage 3", asm3, trace3))
+    print(format_table(widths))
+else:
+    print(NO_TRACE)
+
+
+# %%
+if EMU:
+    per = {(r["stage"], r["load"]): r["bytes_per_instr"] for r in widths}
+    display(show.md(f"""
+    Stage 1 moves K and V with `dwordx2`, {per["stage 1", "buffer_load_dwordx2"]} bytes a wave
+    instruction. Stages 2 and 3 move every K, V and query byte with `dwordx4`,
+    {per["stage 3", "buffer_load_dwordx4"]} bytes, the widest a vector-memory load has."""))
+
+
+# %% [markdown]
 # ## The kernel
 #
-# Everything not about the loop is unchanged from chapter 2 and imported from its module:
-# chapter 2's `Workgroup` (the fixed state and the per-tile math) and the kernel library.
+# Everything outside the loop is chapter 02's and imported from its module: its `Workgroup` (the
+# fixed state and the per-tile math) and the kernel library.
+
 
 # %% tags=["export"]
 """Stage 3: stage 2's kernel with a software-pipelined loop.
@@ -150,7 +294,8 @@ for raw in (False, True):
 The next tile's K (8 ``buffer_load_dwordx4`` per lane) and its block-table entries are loop-carried
 values, loaded one iteration ahead; V is issued at the top of the iteration it is used in, so
 Q·Kᵀ and the softmax hide its latency. K and V go straight from 128-bit loads into the raw MFMA
-operands, the query is read in 128-bit chunks, exp2/rcp are the hardware's ``v_exp_f32``/``v_rcp_f32``.
+operands, the query is read in 128-bit chunks, exp2/rcp are the hardware's ``v_exp_f32``/
+``v_rcp_f32``.
 
 Layouts and numerics are stage 2's (``pa_tile.stages.s2_register_softmax``): query
 ``[num_seqs, num_q_heads, 128]`` f16; K ``[num_blocks, kv_heads, block_size, 128]``; V
@@ -175,33 +320,31 @@ __all__ = ["paged_decode", "build_launcher", "launch_args", "numerics_model", "L
 #: the same inputs as stage 2
 LIMITS = dataclasses.replace(s2.LIMITS, stage="s3")
 
+
 # %% [markdown]
 # ## Software pipelining
 #
-# In chapter 2 each iteration issued its tile's K and V loads and then waited for K before
-# the first MFMA: one full memory latency per tile that only *other* waves could fill. Now
-# the loop carries the next tile's K in registers:
+# The loop carries the next tile's K in registers. Each iteration issues this tile's V and the
+# next tile's K before any math, so both are in flight while this tile's MFMAs run:
 #
 # ```
 #   before the loop: page ids of tile 0 -> K(0);  page id of tile 1 (K)
 #   iteration t:     issue V(t)                       (page id carried from t-1)
 #                    issue K(t+1)                     (page id carried from t-1)
 #                    issue page ids: K of t+2, V of t+1
-#                    Q·Kᵀ(t) on the carried K(t) -> softmax -> P·V(t)  (waits for V only)
+#                    K·Qᵀ(t) on the carried K(t) -> softmax -> V·P(t)  (waits for V only)
 #                    carry K(t+1) and the two page ids
 # ```
 #
-# The block-table entries travel one step ahead of the loads that use them, so no load
-# waits on a block-table read. Past the last tile the indices clamp to the sequence's last
-# page: the final iteration loads that page's K once more and never uses it (8 KB per wave
-# per workgroup, once), in exchange for a loop without a branch around its loads.
+# The block-table entries travel one step ahead of the loads that use them, so no load waits on
+# a block-table read. Past the last tile the indices clamp to the sequence's last page. The
+# final iteration loads that page's K once more and never uses it: one extra K tile per wave, in
+# exchange for a loop without a branch around its loads.
 #
-# Reloading a block-table entry could also be skipped while consecutive tiles stay on one
-# page. In this kernel they never do: a tile is 256 tokens and a page at most 64, so every
-# tile of a wave starts on a new page, and the only repeats are the clamped reads past the
-# end. The kernel therefore keeps the loads unconditional (a branch per tile would cost more
-# than the one `buffer_load_dword` it saves); for block 64 the K and V page of a lane are the
-# same entry and the compiler already reads it once.
+# Every tile starts on a new page (a tile is 256 tokens, a page at most 64), so the block-table
+# loads are unconditional. For block 64 a lane's K and V page are the same entry, and the
+# compiler reads it once.
+
 
 # %% tags=["export"]
 def loop_entry_state(pages, prefetch):
@@ -212,7 +355,8 @@ def loop_entry_state(pages, prefetch):
     zero4 = fx.Vector.filled(4, 0.0, fx.Float32)
     softmax0 = [zero4] * 8 + [fx.Float32(MASKED), fx.Float32(0.0)]
     if prefetch:
-        carried = [pages.k(pages.page_id(0, pages.k_j)), pages.page_id(1, pages.k_j), pages.page_id(0, pages.v_j)]
+        carried = [pages.k(pages.page_id(0, pages.k_j)), pages.page_id(1, pages.k_j),
+                   pages.page_id(0, pages.v_j)]
     else:
         carried = [pages.page_id(0, pages.k_j), pages.page_id(0, pages.v_j)]
     return carried + softmax0, len(carried)
@@ -220,8 +364,9 @@ def loop_entry_state(pages, prefetch):
 
 # %% [markdown]
 # The kernel: stage 2's `Workgroup` for everything outside the loop, and a loop whose carried
-# values are the ones above. With the prefetch, each iteration issues this tile's V and the next
-# tile's K before any math, so both land while the MFMAs of this tile run.
+# values are the ones above. `prefetch_k=False` rebuilds chapter 02's loop, for the comparison
+# below.
+
 
 # %% tags=["export"]
 @functools.lru_cache(maxsize=None)
@@ -231,10 +376,11 @@ def build_launcher(block_size: int, group: int, arch: str, prefetch_k: bool = Tr
 
     def pa_decode_s3(out: fx.Tensor, query: fx.Tensor, key_cache: fx.Tensor, value_cache: fx.Tensor,
                      block_tables: fx.Tensor, context_lengths: fx.Tensor, key_scale: fx.Tensor,
-                     value_scale: fx.Tensor, num_kv_heads: fx.Int32, max_blocks: fx.Int32, scale_log2: fx.Float32):
-        wg = s2.Workgroup(out, query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale,
-                          num_kv_heads, max_blocks, scale_log2, block_size=block_size, group=group,
-                          fp8_max=fp8_max(arch))
+                     value_scale: fx.Tensor, num_kv_heads: fx.Int32, max_blocks: fx.Int32,
+                     scale_log2: fx.Float32):
+        wg = s2.Workgroup(out, query, key_cache, value_cache, block_tables, context_lengths,
+                          key_scale, value_scale, num_kv_heads, max_blocks, scale_log2,
+                          block_size=block_size, group=group, fp8_max=fp8_max(arch))
         pages = wg.pages
         state, base = loop_entry_state(pages, PREFETCH)
         for t, st in range(0, wg.num_tiles, 1, init=state):
@@ -245,7 +391,8 @@ def build_launcher(block_size: int, group: int, arch: str, prefetch_k: bool = Tr
                 k_words, k_page_next, v_page = st[0], st[1], st[2]
                 v_words = pages.v(v_page)  # this tile's V: lands during Q·Kᵀ and the softmax
                 k_words_next = pages.k(k_page_next)  # next tile's K: lands during this whole tile
-                carry = [k_words_next, pages.page_id(t + 2, pages.k_j), pages.page_id(t + 1, pages.v_j)]
+                carry = [k_words_next, pages.page_id(t + 2, pages.k_j),
+                         pages.page_id(t + 1, pages.v_j)]
             else:
                 k_page, v_page = st[0], st[1]
                 k_words = pages.k(k_page)
@@ -260,7 +407,8 @@ def build_launcher(block_size: int, group: int, arch: str, prefetch_k: bool = Tr
             o, m_new, l_new = wg.softmax_pv(s, v_words, o, m_old, l_old)
             res = yield carry + o + [m_new, l_new]
 
-        mine, store = wg.merge([res[base + j] for j in range_constexpr(8)], res[base + 8], res[base + 9]), wg.store
+        mine = wg.merge([res[base + j] for j in range_constexpr(8)], res[base + 8], res[base + 9])
+        store = wg.store
         if wg.col < group:
             store(mine)
 
@@ -270,32 +418,32 @@ def build_launcher(block_size: int, group: int, arch: str, prefetch_k: bool = Tr
 # %% [markdown]
 # ## The launcher
 #
-# Validation is chapter 2's (same inputs, same errors), then this stage's launcher.
-# `prefetch_k=False` rebuilds chapter 2's loop so that the two can be compared below.
+# Validation is chapter 02's (same inputs, same errors), then this stage's launcher.
+
 
 # %% tags=["export"]
-def launch_args(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale, *,
-                softmax_scale=None, out=None, arch=None, prefetch_k=True):
+def launch_args(query, key_cache, value_cache, block_tables, context_lengths, key_scale,
+                value_scale, *, softmax_scale=None, out=None, arch=None, prefetch_k=True):
     """``(launcher, args, arch)`` after validation: stage 2's inputs, checks and arguments."""
     if not isinstance(prefetch_k, bool):
         raise TypeError(f"prefetch_k: expected a bool, got {type(prefetch_k).__name__}")
-    p = problem.describe(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale,
-                         limits=LIMITS, softmax_scale=softmax_scale, arch=arch)
-    args = s2.kernel_args(p, query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale,
-                          out)
+    p = problem.describe(query, key_cache, value_cache, block_tables, context_lengths, key_scale,
+                         value_scale, limits=LIMITS, softmax_scale=softmax_scale, arch=arch)
+    args = s2.kernel_args(p, query, key_cache, value_cache, block_tables, context_lengths,
+                          key_scale, value_scale, out)
     return build_launcher(p.block_size, p.group, p.arch, prefetch_k), args, p.arch
 
 
-def paged_decode(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale, *,
-                 softmax_scale=None, out=None, arch=None, prefetch_k=True):
+def paged_decode(query, key_cache, value_cache, block_tables, context_lengths, key_scale,
+                 value_scale, *, softmax_scale=None, out=None, arch=None, prefetch_k=True):
     """fp8 paged decode attention; returns ``out`` (shaped and typed like ``query``).
 
     Arguments as in stage 2 (``pa_tile.stages.s2_register_softmax.paged_decode``); ``prefetch_k``
     (default True) loads each tile's K one iteration ahead.
     """
-    launcher, args, arch = launch_args(query, key_cache, value_cache, block_tables, context_lengths, key_scale,
-                                       value_scale, softmax_scale=softmax_scale, out=out, arch=arch,
-                                       prefetch_k=prefetch_k)
+    launcher, args, arch = launch_args(query, key_cache, value_cache, block_tables, context_lengths,
+                                       key_scale, value_scale, softmax_scale=softmax_scale, out=out,
+                                       arch=arch, prefetch_k=prefetch_k)
     launching.launch(launcher, args, arch=arch)
     return args[0]
 
@@ -303,10 +451,11 @@ def paged_decode(query, key_cache, value_cache, block_tables, context_lengths, k
 # %% [markdown]
 # ## What the prefetch costs, and what it buys
 #
-# Compile both loops (block 16, group 8) and read the register count, the waves per SIMD it
-# allows, and, from the `s_waitcnt vmcnt(n)` the compiler placed in the loop body, how many
-# of the loads an iteration issues its 16 Q·Kᵀ MFMAs have to wait for (`vmcnt(n)` lets the
-# newest `n` loads stay in flight; loads complete in order).
+# Compile both loops (block 16, group 8). Read the registers, the waves per SIMD they allow, and
+# how many of the iteration's loads its 16 K·Qᵀ MFMAs wait for. The count comes from the
+# `s_waitcnt vmcnt(n)` the compiler placed: `vmcnt(n)` lets the newest `n` loads stay in flight,
+# and loads complete in order.
+
 
 # %%
 from pa_tile.stages import s2_register_softmax as s2  # noqa: E402
@@ -316,7 +465,8 @@ from pa_tile.stages import s3_raw_loads as s3  # noqa: E402
 def loop_body(asm, st):
     lines = asm.splitlines()[st.main_loop.start_line - 1 : st.main_loop.end_line]
     return [ln.strip() for ln in lines
-            if ln.strip() and not ln.strip().startswith((";", ".")) and not ln.rstrip().endswith(":")]
+            if ln.strip() and not ln.strip().startswith((";", "."))
+            and not ln.rstrip().endswith(":")]
 
 
 def qk_waits(body):
@@ -346,82 +496,107 @@ for arch in ARCHS:
         st = isa.IsaStats.from_asm(asm)
         occ = isa.occupancy(st, arch)
         issued, waited = qk_waits(loop_body(asm, st))
-        rows.append(dict(arch=arch, loop=label, vgpr=st.vgpr_unified, agpr=st.agpr, spills=st.vgpr_spill,
-                         lds=st.lds_bytes, waves_per_simd=occ.waves_per_simd, loop_instr=st.main_loop_instructions,
+        rows.append(dict(arch=arch, loop=label, vgpr=st.vgpr_unified, spills=st.vgpr_spill,
+                         waves_per_simd=occ.waves_per_simd, loop_instr=st.main_loop_instructions,
                          loads_per_iter=issued, qk_waits_for=waited))
 print(format_table(rows))
 
-# %% [markdown]
-# Reading the table:
-#
-# * **Registers.** The carried K is about 32 more VGPRs per lane (8 `dwordx4`): 124 → 158 on
-#   gfx942. The unified file holds 512 registers per lane per SIMD in granules of 8, so 128
-#   fits 4 waves and 158 fits 3. That is the wave chapter 2 kept by not prefetching.
-# * **Latency.** An iteration issues 18 loads (8 `dwordx4` of K, 8 of V, 2 page ids). Without
-#   prefetch Q·Kᵀ waits for the 8 K loads it just issued: one memory latency per tile, per
-#   wave, hidden only if the other 3 waves of the SIMD happen to be computing. With prefetch
-#   it waits for none: it runs on the carried K while V, the next K and the page ids are in
-#   flight. The first wait is in the softmax, for V, issued one Q·Kᵀ earlier; the next K is
-#   waited for at the top of the next iteration, a whole tile of work after it was issued.
-#
-# **Choice: prefetch on** (the default). Decode attention streams K and V once; what limits
-# it is how many bytes a CU keeps in flight (bandwidth = bytes in flight / latency). Per
-# wave, chapter 2's loop has 16 KB of K+V requested at the top of a tile and then nothing
-# until the next tile; the pipelined loop has the next tile's 8 KB of K requested during the
-# whole iteration as well. 3 waves × (8 KB V + 8 KB next K) in flight through most of the
-# iteration beats 4 waves × 16 KB in flight only until each wave's K has landed, and the
-# pipelined wave no longer depends on its neighbours being out of phase. This is an argument
-# about timing that the emulator cannot measure (it has no clock); on a GPU,
-# `python -m pa_tile bench` times both settings (`prefetch_k=False` stays available).
-
-# %% [markdown]
-# ## exp2, rcp and cross-lane reductions
-#
-# The softmax uses the hardware's transcendental unit directly: `v_exp_f32` (2^x) and
-# `v_rcp_f32`, with the `log2(e)` and softmax scales folded into one multiplier per score, so
-# no `exp` or division expansion appears. Cross-lane steps, per arch:
 
 # %%
-xlane = ("v_exp_f32", "v_rcp_f32", "v_mov_b32_dpp", "ds_swizzle_b32", "ds_bpermute_b32",
-         "v_permlane32_swap_b32", "v_permlane16_swap_b32")
-rows = []
+r = {(x["arch"], x["loop"]): x for x in rows}
+off, on = r["gfx942", "s3 prefetch_k=False"], r["gfx942", "s3 prefetch_k=True"]
+a = INFO["gfx942"]
+show.md(f"""
+* **Registers.** The carried K costs {on["vgpr"] - off["vgpr"]} VGPRs per lane on gfx942
+  ({off["vgpr"]} -> {on["vgpr"]}). A SIMD holds {a.vgprs_per_lane} registers per lane, allocated
+  in granules of {a.vgpr_granule}, so {off["waves_per_simd"]:g} waves fit without the prefetch
+  and {on["waves_per_simd"]:g} with it.
+* **Latency.** An iteration issues {on["loads_per_iter"]} loads. Without the prefetch, K·Qᵀ
+  waits for {off["qk_waits_for"]} of them, this tile's K: one memory latency per tile, hidden
+  only while the SIMD's other waves compute. With it, K·Qᵀ waits for {on["qk_waits_for"]}: it
+  runs on the carried K while V, the next K and the page ids are in flight.""")
+
+
+# %% [markdown]
+# **Choice: prefetch on** (the default). Per wave, chapter 02's loop requests 16 KB of K and V at
+# the top of a tile and then nothing. The pipelined loop also keeps the next tile's 8 KB of K in
+# flight through the whole iteration. The emulator has no clock, so it cannot time this;
+# `python -m pa_tile bench` does, on a GPU. The seed kernel measured the same trade:
+
+
+# %%
+pf = {s["shape"]["batch"]: s for s in seed_history.steps("28a3bb1e")}
+show.md(seed_history.table("28a3bb1e", "K prefetch added") + f"""
+
+The prefetch bought {100 * (1 - pf[16]["after_us"] / pf[16]["before_us"]):.0f} % at batch 16, where
+a CU has few waves to hide latency with, and cost
+{100 * (pf[128]["after_us"] / pf[128]["before_us"] - 1):.0f} % at batch 128, where other waves
+hide it anyway.""")
+
+
+# %% [markdown]
+# **A later chapter drops it.** [Chapter 05](05_phase_split_mtp.ipynb) issues K and V together at
+# the top of each tile instead. A tile then waits for memory once, as here, without holding a
+# second tile's K (8 `dwordx4`, 32 registers per lane) through the loop. Chapter 05 spends those
+# registers on more query rows.
+#
+# ## exp2, rcp and cross-lane reductions
+#
+# The softmax uses the transcendental unit directly: `v_exp_f32` (2^x) and `v_rcp_f32`. The
+# `log2 e` and softmax scales are folded into one multiplier per score, as Triton's and
+# FlashAttention's kernels do with `exp2`, so no `exp` or division expansion appears. Cross-lane
+# steps, per arch:
+
+
+# %%
+xlane = ("v_exp_f32", "v_rcp_f32", "_dpp", "ds_swizzle", "ds_bpermute",
+         "v_permlane32_swap", "v_permlane16_swap")
+counts = {}
 for arch in ARCHS:
     st = isa.IsaStats.from_asm(asms["s3 prefetch_k=True", arch])
     body = [ln.split()[0] for ln in loop_body(asms["s3 prefetch_k=True", arch], st)]
-    rows.append(dict(arch=arch, **{m: f"{sum(x.startswith(m) for x in body)} / {st.count_prefix(m)}" for m in xlane}))
-print("loop / whole kernel")
-print(format_table(rows))
+    whole = [ln.split()[0] for ln in asms["s3 prefetch_k=True", arch].splitlines()
+             if ln.strip() and not ln.strip().startswith((";", "."))]
+    counts[arch] = {m: (sum(m in x for x in body), sum(m in x for x in whole)) for m in xlane}
+print("in the loop / in the whole kernel (\"_dpp\": any instruction with a DPP modifier)")
+print(format_table([dict(arch=a, **{m.removeprefix("v_"): "%d / %d" % c[m] for m in xlane})
+                    for a, c in counts.items()]))
+
+
+# %%
+used = {a: [m for m in xlane[2:] if c[m][1]] for a, c in counts.items()}
+show.md(f"""
+The loop's cross-lane work is the per-tile row max over the 4 lanes of a query head, lanes
+`c, c+16, c+32, c+48`: exchanges 16 and 32 lanes apart. gfx942 uses
+{" and ".join(f"`{m}`" for m in used["gfx942"])}; gfx950 uses
+{" and ".join(f"`{m}`" for m in used["gfx950"])}. Instructions with a DPP modifier:
+{counts["gfx942"]["_dpp"][1]} on gfx942, {counts["gfx950"]["_dpp"][1]} on gfx950.""")
+
 
 # %% [markdown]
-# The loop's cross-lane work is the per-tile max over the 4 lanes of a head, which the
-# turned-around layout of chapter 2 puts **16 and 32 lanes apart** (lanes `c, c+16, c+32,
-# c+48`). DPP moves data only inside a row of 16 lanes on these chips (`quad_perm`,
-# `row_shl/shr/ror`; `row_bcast` is a one-way broadcast for scans, not a butterfly), so it
-# cannot do an xor-16 or xor-32 step. The backend uses the cheapest tool each arch has:
-# `ds_swizzle` (SWAP 16) and `ds_bpermute` on gfx942 (LDS crossbar, no LDS memory), and
-# `v_permlane32_swap`/`v_permlane16_swap` on gfx950 (pure VALU). The other 15 of the 16
-# comparisons per tile are in-lane `v_max_f32`. DPP reductions would pay off for a layout
-# that spreads a reduction over neighbouring lanes (chapter 1's row softmax); this one was
-# chosen so that it does not need them.
-
-# %% [markdown]
+# Why no DPP. GFX9's DPP (gfx942 and gfx950 are GFX9; the CDNA3 ISA guide's DPP section, and
+# LLVM's `dpp_ctrl` syntax) offers `quad_perm` and `row_shl/shr/ror/mirror` inside a
+# row of 16 lanes, `wave_shl/shr/rol/ror` by one lane across the wave, `row_bcast:15` and
+# `row_bcast:31` (one lane copied into the next row or rows, for scans), and on gfx90a and later
+# `row_newbcast` (one lane of a row to its whole row). None swaps every lane with the lane 16 or
+# 32 away, which is what a butterfly step needs. So the compiler takes `ds_swizzle` (`SWAP,16`)
+# and `ds_bpermute` on gfx942: the LDS crossbar, with no LDS memory used. gfx950 adds
+# `v_permlane16_swap` and `v_permlane32_swap`, plain VALU. The rest of the row max is in-lane
+# `v_max_f32` over the lane's own scores.
+#
 # ## Does it work?
 #
-# Same matrix and checks as chapter 2 (the fp8 bound is explained there): both archs, block
-# 16 and 64, group 8 and 16, contexts 1, 17, 256, 1027 with shuffled pages and `-1` in unused
+# Chapter 02's matrix and checks (the fp8 bound is explained there): both archs, block 16 and
+# 64, group 8 and 16, contexts 1, 17, 256 and 1027, shuffled pages and `-1` in unused
 # block-table entries. The prefetch changes no arithmetic, so the output must be
-# **bit-identical** to chapter 2's kernel. One row per (arch, block, group), the worst of its
-# four sequences, as in chapter 2.
+# **bit-identical** to chapter 02's kernel. One row per (arch, block, group), the worst of its
+# four sequences.
 
-# %% tags=["nbval-ignore-output"]
-from pa_tile import backend  # noqa: E402
-
-print("backend:", backend.ensure_backend())
 
 # %% tags=["nbval-ignore-output"]
 def check(arch, block_size, group, contexts=(1, 17, 256, 1027), num_kv_heads=1, seed=1):
-    case = cache.make_case(len(contexts), group * num_kv_heads, num_kv_heads, 128, block_size, list(contexts),
-                           fp8_format=fp8_format(arch), seed=seed, pad_block_id=-1)
+    case = cache.make_case(len(contexts), group * num_kv_heads, num_kv_heads, 128, block_size,
+                           list(contexts), fp8_format=fp8_format(arch), seed=seed, pad_block_id=-1)
     args = (case.query, case.k_cache, case.v_plain(), case.block_tables, case.context_lengths,
             case.k_scale, case.v_scale)
     got = s3.paged_decode(*args, arch=arch).cpu()
@@ -436,101 +611,102 @@ def check(arch, block_size, group, contexts=(1, 17, 256, 1027), num_kv_heads=1, 
 
 
 # one row per (arch, block, group): the worst of its four sequences
-table = [check(arch, bs, g) for arch in backend.runnable_archs() for bs in (16, 64) for g in (8, 16)]
+table = [check(arch, bs, g)
+         for arch in backend.runnable_archs() for bs in (16, 64) for g in (8, 16)]
 print(format_table(table))
 same = all(r["same_as_stage2"] for r in table)
-print(f"{len(table)} configurations x 4 contexts: {'all' if all(r['ok'] for r in table) else 'NOT all'} "
-      f"{4 * len(table)} sequences within the bound, {'all' if same else 'NOT all'} bit-identical to stage 2")
-assert all(r["ok"] and r["same_as_stage2"] for r in table)
+ok = all(x["ok"] for x in table)
+print(f"{len(table)} configurations x 4 contexts: {'all' if ok else 'NOT all'} "
+      f"{4 * len(table)} sequences within the bound, "
+      f"{'all' if same else 'NOT all'} bit-identical to stage 2")
+assert all(x["ok"] and x["same_as_stage2"] for x in table)
+
 
 # %% [markdown]
-# ## What it compiles to, against chapter 2
+# ## What it compiles to, against chapter 02
+
 
 # %%
 # the rows that changed on either arch, and the headline facts
 print(isa.diff_side_by_side({arch: (isa.IsaStats.from_asm(asms["stage 2", arch]),
-                                    isa.IsaStats.from_asm(asms["s3 prefetch_k=True", arch])) for arch in ARCHS},
-                            labels=("stage 2", "stage 3")))
+                                    isa.IsaStats.from_asm(asms["s3 prefetch_k=True", arch]))
+                             for arch in ARCHS}, labels=("stage 2", "stage 3")))
+
 
 # %% [markdown]
-# ## Load instructions by width, stage 1 → 3
-#
-# From the ISA (static count, whole kernel) and from the emulator trace of one sequence of
-# exactly one tile (256 tokens, block 16, group 8, gfx942): dynamic vector-memory load
-# instructions by width, and the bytes each one moves for the wave.
-
-# %% tags=["nbval-ignore-output"]
-from pa_tile.emu import launch as emu_launch  # noqa: E402
-from pa_tile.emu.memory import Trace  # noqa: E402
-
-EMU = backend.current_backend() == "emu"  # traces are recorded only by the emulator
-NO_TRACE = "ran on the GPU: memory traces are recorded only by the emulator (PA_TILE_BACKEND=emu)"
-one_tile = cache.make_case(1, 8, 1, 128, 16, 256, fp8_format="fnuz", pad_block_id=-1)
-
-
-def traced(module, **kw):
-    trace = Trace("gfx942")
-    with emu_launch.launch_options(trace=trace):
-        module.paged_decode(one_tile.query, one_tile.k_cache, one_tile.v_plain(), one_tile.block_tables,
-                            one_tile.context_lengths, one_tile.k_scale, one_tile.v_scale, arch="gfx942", **kw)
-    return trace
-
-
-def load_rows(label, asm, trace):
-    st = isa.IsaStats.from_asm(asm)
-    dyn = {}
-    for r in trace.accesses():
-        if r["space"] in ("buffer", "global") and not r["write"]:
-            d = dyn.setdefault(r["mnemonic"], [0, 0])
-            d[0] += 1
-            d[1] += r["bytes"]
-    return [dict(stage=label, load=m, static=sum(v for w in st.load_widths.values() for k, v in w.items()
-                                                  if m.endswith("_" + k)),
-                 executed=n, bytes=b, bytes_per_instr=b // n) for m, (n, b) in sorted(dyn.items())]
-
-
-if EMU:
-    rows = (load_rows("stage 1", asm1, traced(s1_tile_qk)) + load_rows("stage 2", asms["stage 2", "gfx942"], traced(s2))
-            + load_rows("stage 3", asms["s3 prefetch_k=True", "gfx942"], traced(s3)))
-    print(format_table(rows))
-else:
-    print(NO_TRACE)
-
-# %% [markdown]
-# Stage 1 moves K and V with `dwordx2` (512 bytes per wave instruction) and the block table
-# with one `dword` per element; stages 2 and 3 move every K, V and query byte with `dwordx4`
-# (1 KB per wave instruction: the widest a VMEM load has). Stage 3 executes 8 more `dwordx4`
-# per wave than stage 2 on this one-tile case: the prefetch of a tile that does not exist,
-# clamped to the last page (see above); on a long context that is 1 extra K tile per wave.
-#
 # ## Memory traffic of one tile
 #
-# The full trace of stage 3 for that tile, before, in and after the loop: bytes, 64-byte
-# segments touched (and the fewest possible), LDS bank conflicts (the merge only), per
-# execution; the lines of one instruction that access memory alike share a row. The loop's
-# second `dwordx4` row is that prefetch: clamped to the last page, a wave's 64 lanes read the
-# same 256 bytes, 4 segments (below the "minimum", which assumes every lane's bytes distinct).
+# The full trace of stage 3 for the one-tile case, before, in and after the loop. Per execution:
+# bytes, 128-byte lines touched (and the fewest the bytes fit in), LDS bank conflicts (the merge
+# only). The lines of one instruction that access memory alike share a row.
+
 
 # %% tags=["nbval-ignore-output"]
 if EMU:
     with emu_launch.record_launches() as launched:
         trace3 = traced(s3)
-    print(trace3.grouped_table(phases=isa.loop_phases(launched[0].asm, kernel=launched[0].kernel)))
+    phases = isa.loop_phases(launched[0].asm, kernel=launched[0].kernel)
+    print(trace3.grouped_table(phases=phases))
 else:
     print(NO_TRACE)
 
+
+# %%
+if EMU:
+    x4 = [g for g in trace3.grouped_summary(phases=phases)
+          if g["mnemonic"] == "buffer_load_dwordx4"]
+    k0 = next(g for g in x4 if g["lines_128B_per_exec"] > g["min_lines_128B_per_exec"])
+    v = next(g for g in x4 if g["phase"] == "loop"
+             and g["lines_128B_per_exec"] == g["min_lines_128B_per_exec"])
+    clamped = next(g for g in x4 if g["lines_128B_per_exec"] < g["min_lines_128B_per_exec"])
+    display(show.md(f"""
+    The {k0["phase"]}'s {k0["lines_128B_per_exec"]}-line row is tile 0's K: {k0["bytes_per_exec"]}
+    bytes in {k0["lines_128B_per_exec"]} lines, half of each (the figure above). V's loads in the
+    loop fill whole lines: {v["lines_128B_per_exec"]} for {v["bytes_per_exec"]} bytes. The loop's
+    {clamped["lines_128B_per_exec"]}-line row is the prefetch of a tile that does not exist,
+    clamped to the last page: its 64 lanes read only
+    {clamped["distinct_bytes"] // clamped["executions"]} distinct bytes."""))
+
+
 # %% [markdown]
-# ## Predicted time against stage 2 (a model, not a measurement)
+# ## What you built
 #
-# No gain predicted at this shape, and the model says why. 16 sequences give 16 workgroups, one
-# per CU, each walking its 64 tiles with one wave per SIMD, so every tile waits for memory.
-# Prefetching the next tile's K hides only as much of that wait as one tile's work lasts, a
-# fraction of the latency here, and stage 3's loop issues slightly more instructions per tile
-# than stage 2's. The prefetch pays once a tile's work is comparable to the latency it hides (more
-# waves per SIMD; chapter 6's split shortens the chains instead); the 128-bit loads pay in
-# instructions per byte, and in the addresser once the loads are coalesced (chapter 4).
+# ```
+# paged_decode_s3(q, K, V, block_tables, ctx):      # grid (seq, kv_head); 4 waves
+#     lane (c, g) = (lane % 16, lane // 16)          # c: the lane's query head
+#     Qops, c_qk = quantize(q[head c])               # raw dwordx4 reads, 8 registers
+#     m, l, O[8 d-chunks] = MASKED, 0, 0
+#     Kw = 8 x dwordx4 of tile 0's K                 # 16 B a lane: two k-steps' bytes
+#     for tile in range(ceil(ctx / 256)):            # wave w: tokens 64w .. 64w+63
+#         Vw = 8 x dwordx4 of V(tile)                # in flight during K·Qᵀ
+#         Kn = 8 x dwordx4 of K(tile + 1)            # clamped to the last page
+#         page ids of K(tile + 2), V(tile + 1)       # one step ahead of their loads
+#         S = K·Qᵀ on the carried Kw: 16 MFMAs       # waits for no load
+#         if last tile: mask S, zero V's tail
+#         m2 = max(m, row_max(S * c_qk))             # ds_swizzle/bpermute or permlane swaps
+#         corr = exp2(m - m2); P = exp2(S*c_qk - m2 + log2 FP8_MAX)
+#         l = l*corr + tree_sum(P)
+#         O = O*corr + V·fp8(P): 16 MFMAs            # waits for V
+#         m, Kw = m2, Kn
+#     merge the 4 waves' (m, l, O) through LDS       # once
+#     store f16 O / l
+# ```
+#
+# Next, [chapter 04](04_blocked_layouts.ipynb): the production cache layouts, and the scope the
+# finished kernel serves.
+
 
 # %% tags=["nbval-ignore-output"]
 from pa_tile.perf import speedup  # noqa: E402
 
-print(speedup.report("s3", "s2"))
+pred = {s.gpu: s for s in speedup.predicted_steps("s3", "s2")}
+show.measured({
+    "VGPRs, stage 2 -> 3 (gfx942)": f'{r["gfx942", "stage 2"]["vgpr"]} -> {on["vgpr"]}',
+    "waves per SIMD, stage 2 -> 3 (gfx942)": f'{r["gfx942", "stage 2"]["waves_per_simd"]:g} -> '
+                                             f'{on["waves_per_simd"]:g}',
+    "loads an iteration's K·Qᵀ waits for": f'{off["qk_waits_for"]} -> {on["qk_waits_for"]} '
+                                           f'of {on["loads_per_iter"]}',
+    "PREDICTED (timing model), b16 x 16k, MI300X / MI355X":
+        f'{pred["MI300X"].us:.0f} / {pred["MI355X"].us:.0f} µs (stage 2: '
+        f'{pred["MI300X"].previous_us:.0f} / {pred["MI355X"].previous_us:.0f})',
+})

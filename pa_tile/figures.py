@@ -301,7 +301,8 @@ def softmax_butterfly(head: int = 0):
 LINE_BYTES = 128
 
 
-def lane_lines(offsets: Mapping[str, np.ndarray], nbytes: int = 16, group_lanes: int = 4, ksteps: bool = False):
+def lane_lines(offsets: Mapping[str, np.ndarray], nbytes: int = 16, group_lanes: int = 4,
+               ksteps: bool = False, notes: Optional[Mapping[str, str]] = None):
     """Where each lane's bytes of one wave-wide load lie, line by line. ``offsets[name]``: each lane's
     first byte, relative to the tensor's start (line-aligned on a GPU), as the emulator traced it;
     each lane reads ``nbytes``. A row per 128-byte line touched (in address order), a box per lane
@@ -309,7 +310,8 @@ def lane_lines(offsets: Mapping[str, np.ndarray], nbytes: int = 16, group_lanes:
     the lane. The title counts the lines (what the wave fetches) and the (group of ``group_lanes``
     consecutive lanes, line) pairs: the vL1D addresser takes 64 bytes of request a clock, 4 lanes
     of a dwordx4, and pa_tile's timing model ASSUMES each such group pays a clock per line it
-    touches. ``ksteps``: hatch the second half of each lane's bytes (its second MFMA k-step)."""
+    touches. ``ksteps``: hatch the second half of each lane's bytes (its second MFMA k-step).
+    ``notes[name]``: a line of text written in that panel's empty right-hand part."""
     plt = _plt()
     from matplotlib.patches import Rectangle
 
@@ -330,13 +332,17 @@ def lane_lines(offsets: Mapping[str, np.ndarray], nbytes: int = 16, group_lanes:
             if ksteps:
                 ax.add_patch(Rectangle((x + nbytes / 2, y - 0.42), nbytes / 2, 0.84, fill=False, hatch="///",
                                        edgecolor="0.35", lw=0))
-            ax.text(x + nbytes / 2, y, str(int(lane)), ha="center", va="center", fontsize=FONT)
+            ax.text(x + nbytes / (4 if ksteps else 2), y, str(int(lane)), ha="center", va="center",
+                    fontsize=FONT)
         ax.set_xlim(0, LINE_BYTES)
         ax.set_ylim(lines.size - 0.5, -0.5)
         ax.set_xticks(range(0, LINE_BYTES + 1, 16))
         ax.set_yticks(range(lines.size))
         ax.set_yticklabels([str(i + 1) for i in range(lines.size)])
         ax.grid(axis="x", color="0.85", lw=0.5)
+        if notes and name in notes:
+            ax.text(0.98, 0.5, notes[name], transform=ax.transAxes, ha="right", va="center",
+                    fontsize=FONT, color="0.3", wrap=True)
         _style(ax, f"{name}: {lines.size} lines, {len(pairs)} (4-lane group, line) pairs",
                "byte within the 128-byte line", "line touched (address order)")
     handles = _patches([f"g={g}: lanes {16 * g}..{16 * g + 15}" for g in range(4)], OKABE_ITO[:4], 0.75)

@@ -627,7 +627,8 @@ def test_grouped_table_and_headers():
     _run_grouped_kernel(t)
     text = t.grouped_table()
     head = text.splitlines()[0].split()
-    assert head[:4] == ["mnemonic", "lines", "execs", "B/exec"] and "phase" not in head
+    assert head[:4] == ["mnemonic", "instrs", "execs", "B/exec"] and "phase" not in head
+    assert head[4:] == ["lines/exec", "min", "lines", "conflict", "extra", "cycles"]  # 128-byte lines
     assert len(text.splitlines()) == 2 + 5   # two dwordx4 shapes, two ds_read_b32 shapes, one scalar row
     row = next(ln for ln in text.splitlines() if ln.startswith("ds_read_b32") and " 32 " in ln)
     assert row.split()[-2:] == ["32", "124"]

@@ -1130,10 +1130,12 @@ class Trace:
         return out
 
     #: the columns of :meth:`grouped_table`, and their headers
-    GROUPED_COLUMNS = {"phase": "phase", "mnemonic": "mnemonic", "lines": "lines", "executions": "execs",
-                       "bytes_per_exec": "B/exec", "lines_128B_per_exec": "128B lines/exec",
-                       "min_lines_128B_per_exec": "min lines/exec", "max_degree": "conflict degree",
-                       "conflict_cycles": "conflict cycles"}
+    #: (``instrs``: instruction lines merged; ``lines/exec``: 128-byte lines; ``conflict``: the worst
+    #: LDS bank-conflict degree; ``extra cycles``: what conflicts cost, all executions)
+    GROUPED_COLUMNS = {"phase": "phase", "mnemonic": "mnemonic", "lines": "instrs", "executions": "execs",
+                       "bytes_per_exec": "B/exec", "lines_128B_per_exec": "lines/exec",
+                       "min_lines_128B_per_exec": "min lines", "max_degree": "conflict",
+                       "conflict_cycles": "extra cycles"}
 
     def grouped_table(self, start: int | None = None, stop: int | None = None, *, phases=None,
                       shapes: bool = True, merge_scalar: bool = True) -> str:

@@ -6,7 +6,8 @@
 The next tile's K (8 ``buffer_load_dwordx4`` per lane) and its block-table entries are loop-carried
 values, loaded one iteration ahead; V is issued at the top of the iteration it is used in, so
 Q·Kᵀ and the softmax hide its latency. K and V go straight from 128-bit loads into the raw MFMA
-operands, the query is read in 128-bit chunks, exp2/rcp are the hardware's ``v_exp_f32``/``v_rcp_f32``.
+operands, the query is read in 128-bit chunks, exp2/rcp are the hardware's ``v_exp_f32``/
+``v_rcp_f32``.
 
 Layouts and numerics are stage 2's (``pa_tile.stages.s2_register_softmax``): query
 ``[num_seqs, num_q_heads, 128]`` f16; K ``[num_blocks, kv_heads, block_size, 128]``; V
@@ -40,7 +41,8 @@ def loop_entry_state(pages, prefetch):
     zero4 = fx.Vector.filled(4, 0.0, fx.Float32)
     softmax0 = [zero4] * 8 + [fx.Float32(MASKED), fx.Float32(0.0)]
     if prefetch:
-        carried = [pages.k(pages.page_id(0, pages.k_j)), pages.page_id(1, pages.k_j), pages.page_id(0, pages.v_j)]
+        carried = [pages.k(pages.page_id(0, pages.k_j)), pages.page_id(1, pages.k_j),
+                   pages.page_id(0, pages.v_j)]
     else:
         carried = [pages.page_id(0, pages.k_j), pages.page_id(0, pages.v_j)]
     return carried + softmax0, len(carried)
@@ -53,10 +55,11 @@ def build_launcher(block_size: int, group: int, arch: str, prefetch_k: bool = Tr
 
     def pa_decode_s3(out: fx.Tensor, query: fx.Tensor, key_cache: fx.Tensor, value_cache: fx.Tensor,
                      block_tables: fx.Tensor, context_lengths: fx.Tensor, key_scale: fx.Tensor,
-                     value_scale: fx.Tensor, num_kv_heads: fx.Int32, max_blocks: fx.Int32, scale_log2: fx.Float32):
-        wg = s2.Workgroup(out, query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale,
-                          num_kv_heads, max_blocks, scale_log2, block_size=block_size, group=group,
-                          fp8_max=fp8_max(arch))
+                     value_scale: fx.Tensor, num_kv_heads: fx.Int32, max_blocks: fx.Int32,
+                     scale_log2: fx.Float32):
+        wg = s2.Workgroup(out, query, key_cache, value_cache, block_tables, context_lengths,
+                          key_scale, value_scale, num_kv_heads, max_blocks, scale_log2,
+                          block_size=block_size, group=group, fp8_max=fp8_max(arch))
         pages = wg.pages
         state, base = loop_entry_state(pages, PREFETCH)
         for t, st in range(0, wg.num_tiles, 1, init=state):
@@ -67,7 +70,8 @@ def build_launcher(block_size: int, group: int, arch: str, prefetch_k: bool = Tr
                 k_words, k_page_next, v_page = st[0], st[1], st[2]
                 v_words = pages.v(v_page)  # this tile's V: lands during Q·Kᵀ and the softmax
                 k_words_next = pages.k(k_page_next)  # next tile's K: lands during this whole tile
-                carry = [k_words_next, pages.page_id(t + 2, pages.k_j), pages.page_id(t + 1, pages.v_j)]
+                carry = [k_words_next, pages.page_id(t + 2, pages.k_j),
+                         pages.page_id(t + 1, pages.v_j)]
             else:
                 k_page, v_page = st[0], st[1]
                 k_words = pages.k(k_page)
@@ -82,34 +86,35 @@ def build_launcher(block_size: int, group: int, arch: str, prefetch_k: bool = Tr
             o, m_new, l_new = wg.softmax_pv(s, v_words, o, m_old, l_old)
             res = yield carry + o + [m_new, l_new]
 
-        mine, store = wg.merge([res[base + j] for j in range_constexpr(8)], res[base + 8], res[base + 9]), wg.store
+        mine = wg.merge([res[base + j] for j in range_constexpr(8)], res[base + 8], res[base + 9])
+        store = wg.store
         if wg.col < group:
             store(mine)
 
     return jit_launcher(pa_decode_s3)
 
 
-def launch_args(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale, *,
-                softmax_scale=None, out=None, arch=None, prefetch_k=True):
+def launch_args(query, key_cache, value_cache, block_tables, context_lengths, key_scale,
+                value_scale, *, softmax_scale=None, out=None, arch=None, prefetch_k=True):
     """``(launcher, args, arch)`` after validation: stage 2's inputs, checks and arguments."""
     if not isinstance(prefetch_k, bool):
         raise TypeError(f"prefetch_k: expected a bool, got {type(prefetch_k).__name__}")
-    p = problem.describe(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale,
-                         limits=LIMITS, softmax_scale=softmax_scale, arch=arch)
-    args = s2.kernel_args(p, query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale,
-                          out)
+    p = problem.describe(query, key_cache, value_cache, block_tables, context_lengths, key_scale,
+                         value_scale, limits=LIMITS, softmax_scale=softmax_scale, arch=arch)
+    args = s2.kernel_args(p, query, key_cache, value_cache, block_tables, context_lengths,
+                          key_scale, value_scale, out)
     return build_launcher(p.block_size, p.group, p.arch, prefetch_k), args, p.arch
 
 
-def paged_decode(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale, *,
-                 softmax_scale=None, out=None, arch=None, prefetch_k=True):
+def paged_decode(query, key_cache, value_cache, block_tables, context_lengths, key_scale,
+                 value_scale, *, softmax_scale=None, out=None, arch=None, prefetch_k=True):
     """fp8 paged decode attention; returns ``out`` (shaped and typed like ``query``).
 
     Arguments as in stage 2 (``pa_tile.stages.s2_register_softmax.paged_decode``); ``prefetch_k``
     (default True) loads each tile's K one iteration ahead.
     """
-    launcher, args, arch = launch_args(query, key_cache, value_cache, block_tables, context_lengths, key_scale,
-                                       value_scale, softmax_scale=softmax_scale, out=out, arch=arch,
-                                       prefetch_k=prefetch_k)
+    launcher, args, arch = launch_args(query, key_cache, value_cache, block_tables, context_lengths,
+                                       key_scale, value_scale, softmax_scale=softmax_scale, out=out,
+                                       arch=arch, prefetch_k=prefetch_k)
     launching.launch(launcher, args, arch=arch)
     return args[0]
