@@ -3,7 +3,9 @@
 The walkthrough's notebooks are the source of truth for every stage kernel. A code cell tagged
 ``export`` (``# %% tags=["export"]`` in the jupytext ``py:percent`` source) belongs to the module
 named for that notebook in ``EXPORTS``; the module is the concatenation of those cells, in order,
-under a header saying where it came from.
+under a header saying where it came from. A module may come from several notebooks (a stage taught
+over two chapters, its baseline in an appendix): their cells are concatenated in the order the
+stage registry lists them (``SOURCES``).
 
     python -m pa_tile._export           # regenerate every exported module
     python -m pa_tile._export --check   # exit 1 if a module, or a paired .ipynb, is out of date
@@ -23,12 +25,20 @@ from pa_tile.stages import STAGES
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"
 
-#: notebook stem -> module path (relative to the repository root), from the one stage registry
-EXPORTS = {nb: module.replace(".", "/") + ".py" for module, nb in STAGES.values()}
+
+def _stems(nbs) -> tuple:
+    return (nbs,) if isinstance(nbs, str) else tuple(nbs)
+
+
+#: module path (relative to the repository root) -> the notebook stems it is exported from, in
+#: order, from the one stage registry
+SOURCES = {module.replace(".", "/") + ".py": _stems(nbs) for module, nbs in STAGES.values()}
+#: notebook stem -> the module path its cells tagged ``export`` belong to
+EXPORTS = {nb: module for module, stems in SOURCES.items() for nb in stems}
 
 HEADER = (
-    "# GENERATED from notebooks/{nb}.py by `python -m pa_tile._export`.\n"
-    "# Do not edit: change the cells tagged `export` in the notebook and re-run the export.\n\n"
+    "# GENERATED from {sources} by `python -m pa_tile._export`.\n"
+    "# Do not edit: change the cells tagged `export` in the {notebook} and re-run the export.\n\n"
 )
 
 
@@ -38,30 +48,35 @@ def _read(path: Path):
     return jupytext.read(path)
 
 
-def exported_source(nb_py: Path) -> str:
-    """The module text built from *nb_py*'s ``export`` cells."""
-    nb = _read(nb_py)
-    cells = [
-        c.source.strip("\n")
-        for c in nb.cells
-        if c.cell_type == "code" and "export" in c.metadata.get("tags", [])
-    ]
-    if not cells:
-        raise ValueError(f"{nb_py.name} has no cells tagged 'export'")
-    return HEADER.format(nb=nb_py.stem) + "\n\n\n".join(cells) + "\n"
+def exported_source(*nb_pys: Path) -> str:
+    """The module text built from the ``export`` cells of *nb_pys*, in order."""
+    cells = []
+    for nb_py in nb_pys:
+        found = [
+            c.source.strip("\n")
+            for c in _read(nb_py).cells
+            if c.cell_type == "code" and "export" in c.metadata.get("tags", [])
+        ]
+        if not found:
+            raise ValueError(f"{nb_py.name} has no cells tagged 'export'")
+        cells += found
+    sources = ", ".join(f"notebooks/{p.stem}.py" for p in nb_pys)
+    notebook = "notebook" if len(nb_pys) == 1 else "notebooks"
+    return HEADER.format(sources=sources, notebook=notebook) + "\n\n\n".join(cells) + "\n"
 
 
 def _pairs():
-    for stem, module in EXPORTS.items():
-        nb_py = NOTEBOOKS / f"{stem}.py"
-        if nb_py.exists():
-            yield nb_py, ROOT / module
+    """``(notebook sources, module)`` of every module whose notebooks are all in this checkout."""
+    for module, stems in SOURCES.items():
+        nb_pys = [NOTEBOOKS / f"{stem}.py" for stem in stems]
+        if all(p.exists() for p in nb_pys):
+            yield nb_pys, ROOT / module
 
 
 def export_all() -> list[Path]:
     written = []
-    for nb_py, module in _pairs():
-        text = exported_source(nb_py)
+    for nb_pys, module in _pairs():
+        text = exported_source(*nb_pys)
         module.parent.mkdir(parents=True, exist_ok=True)
         if not module.exists() or module.read_text() != text:
             module.write_text(text)
@@ -76,17 +91,20 @@ def _cell_sources(nb) -> list[tuple[str, str]]:
 def check() -> list[str]:
     """Problems found: stale exported modules, and .ipynb files whose cells differ from their .py source."""
     problems = []
-    for nb_py, module in _pairs():
-        want = exported_source(nb_py)
+    for nb_pys, module in _pairs():
+        want = exported_source(*nb_pys)
+        names = ", ".join(p.name for p in nb_pys)
         have = module.read_text() if module.exists() else ""
         if want != have:
             diff = "".join(
                 difflib.unified_diff(
-                    have.splitlines(True), want.splitlines(True), str(module.relative_to(ROOT)), f"from {nb_py.name}", n=1
+                    have.splitlines(True), want.splitlines(True), str(module.relative_to(ROOT)), f"from {names}", n=1
                 )
             )
-            problems.append(f"{module.relative_to(ROOT)} is out of date with {nb_py.name}:\n{diff[:4000]}")
-    for nb_py in sorted(NOTEBOOKS.glob("[0-9][0-9]_*.py")):
+            problems.append(f"{module.relative_to(ROOT)} is out of date with {names}:\n{diff[:4000]}")
+    # every chapter, and every appendix a module is exported from, is paired with its .ipynb
+    exporting = {p for nb_pys, _ in _pairs() for p in nb_pys}
+    for nb_py in sorted(set(NOTEBOOKS.glob("[0-9][0-9]_*.py")) | exporting):
         ipynb = nb_py.with_suffix(".ipynb")
         if not ipynb.exists():
             problems.append(f"{ipynb.relative_to(ROOT)} is missing (run: jupytext --sync {nb_py.relative_to(ROOT)})")

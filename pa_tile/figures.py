@@ -18,7 +18,7 @@ import numpy as np
 __all__ = ["OKABE_ITO", "decode_floor", "cache_layouts", "mfma_atom", "wave_split", "mfma_ownership", "softmax_butterfly",
            "lane_lines", "lds_banks", "phase_timeline", "traffic_bars", "split_k", "roofline", "static_facts",
            "trace_facts", "partition_sweep", "kernel_map", "stage_predictions", "work_layouts", "schedule_predictions",
-           "m_tile_predictions", "upstream_margins", "wave_dataflow"]
+           "m_tile_predictions", "upstream_margins", "wave_dataflow", "head_dim_split_timeline", "head_dim_split_dataflow"]
 
 #: Okabe & Ito's colour-blind-safe palette (black last: it is kept for text and markers)
 OKABE_ITO = ("#E69F00", "#56B4E9", "#009E73", "#F0E442", "#0072B2", "#D55E00", "#CC79A7", "#000000")
@@ -935,22 +935,24 @@ def stage_predictions(labels: Sequence[str], series: Mapping[str, Sequence[float
     return fig
 
 
-def head_dim_split_timeline(m_tiles: int = 4, group: int = 4):
-    """One tile of chapter 5's loop with P·V split by head_dim, all four waves: phase A (K loads, each
-    M-tile's scores and row max to the max table), V loads, the max barrier, then M-tile by M-tile
-    the exponentials against the workgroup's max with P to the slab, a barrier, P·V of the wave's
-    own d-chunks over all four spans, and (between M-tiles of a phase group) the barrier that
-    frees the slab. ``group``: M-tiles per phase group (``PHASE_GROUP``)."""
+def head_dim_split_timeline(m_tiles: int = 4, group: int = 4, v_with_k: bool = False):
+    """One tile of the stage-5 loop (P·V split by head_dim), all four waves: K loads (and, with
+    ``v_with_k``, V loads right after them), phase A (each M-tile's scores and row max to the max
+    table; V loads after the first group's scores when not ``v_with_k``), the max barrier, then
+    phase B M-tile by M-tile: the exponentials against the workgroup's max with P to the slab, a
+    barrier, P·V of the wave's own d-chunks over all four spans, and (between M-tiles of a phase
+    group) the barrier that frees the slab. ``group``: M-tiles per phase group (``PHASE_GROUP``)."""
     plt = _plt()
-    kinds = {"load": ("K loads, page ids", OKABE_ITO[7], 1.0), "score": ("scores, row max → LDS", OKABE_ITO[4], 1.0),
+    kinds = {"load": ("K loads, next page ids", OKABE_ITO[7], 1.0),
+             "score": ("phase A: scores, row max → LDS", OKABE_ITO[4], 1.0),
              "vload": ("V loads: own d-chunks, 4 spans", "#999999", 1.0),
-             "soft": ("exp against the shared max, P → LDS", OKABE_ITO[1], 0.9),
-             "pv": ("P·V: own d-chunks, 256 tokens", OKABE_ITO[0], 1.1)}
+             "soft": ("phase B: exp against the shared max, P → LDS", OKABE_ITO[1], 0.9),
+             "pv": ("phase B: P·V, own d-chunks, 256 tokens", OKABE_ITO[0], 1.1)}
     fig, ax = plt.subplots(figsize=(WIDTH, 3.4))
-    phases, cur = [], [("load", "")]  # runs of work between two workgroup barriers
+    phases, cur = [], [("load", "")] + ([("vload", "")] if v_with_k else [])  # runs between two barriers
     for g0 in range(0, m_tiles, group):
         ms = range(g0, min(g0 + group, m_tiles))
-        cur += [("score", f"m{m}") for m in ms] + ([("vload", "")] if g0 == 0 else [])
+        cur += [("score", f"m{m}") for m in ms] + ([("vload", "")] if g0 == 0 and not v_with_k else [])
         phases.append(cur)
         for i, m in enumerate(ms):
             phases.append([("soft", f"m{m}")])
@@ -981,12 +983,43 @@ def head_dim_split_timeline(m_tiles: int = 4, group: int = 4):
     handles = _patches([v[0] for v in kinds.values()], [v[1] for v in kinds.values()])
     handles += [plt.Line2D([], [], ls="-", color=OKABE_ITO[5], lw=2, label="s_barrier (whole workgroup)")]
     ax.legend(handles=handles, fontsize=FONT, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.08))
-    _style(ax, f"One tile with P·V split by head_dim ({m_tiles} M-tiles, {group} per phase group)",
-           None, None)
+    v_when = "V issued with K" if v_with_k else "V issued after the first group's scores"
+    _style(ax, f"One tile of the loop: {m_tiles} M-tiles, {group} per phase group, {v_when}", None, None)
     ax.set_xlabel("issue order (schematic, not to scale) →", fontsize=FONT)
     fig.tight_layout()
     return fig
 
+
+def head_dim_split_dataflow(head_dim: int = 128, waves: int = 4, span: int = 64):
+    """Who computes what in one tile of the head_dim split, for one M-tile. Left: P, ``[span of
+    tokens][query row]``: wave ``w`` computes the P of its own span (tokens ``span·w ..``) and
+    writes it to the slab. Right: the output ``O = V·P``, ``[d-chunk][query row]``: wave ``w``
+    accumulates d-chunks ``CPW·w .. CPW·w + CPW - 1`` over all four spans, so it reads every
+    wave's P from the slab. Colour = the wave that computes the cell."""
+    plt = _plt()
+    nch = head_dim // 16
+    cpw = nch // waves
+    colors = OKABE_ITO[:waves]
+    fig, axes = plt.subplots(1, 2, figsize=(WIDTH, 3.8), gridspec_kw={"width_ratios": [1, 1.6]})
+    p_owner = np.repeat(np.arange(waves)[:, None], 16, axis=1)
+    axes[0].imshow(p_owner, cmap=_cmap(colors), vmin=-0.5, vmax=waves - 0.5, aspect="auto", interpolation="nearest")
+    for w in range(waves):
+        axes[0].text(7.5, w, f"wave {w} → slab[{w}]", ha="center", va="center", fontsize=FONT)
+    axes[0].set_yticks(range(waves), [f"tokens {span * w}..{span * w + span - 1}" for w in range(waves)])
+    axes[0].set_xticks([0, 15], ["row 0", "row 15"])
+    _style(axes[0], "P of the tile (fp8): each wave its own span", "query row of the M-tile", None)
+    o_owner = np.repeat((np.arange(nch) // cpw)[:, None], 16, axis=1)
+    axes[1].imshow(o_owner, cmap=_cmap(colors), vmin=-0.5, vmax=waves - 0.5, aspect="auto", interpolation="nearest")
+    for j in range(nch):
+        axes[1].text(7.5, j, f"channels {16 * j}..{16 * j + 15}: wave {j // cpw}, P from all {waves} slabs",
+                     ha="center", va="center", fontsize=FONT - 1)
+    axes[1].set_yticks(range(nch), [f"d-chunk {j}" for j in range(nch)])
+    axes[1].set_xticks([0, 15], ["row 0", "row 15"])
+    _style(axes[1], f"O = V·P over all {waves * span} tokens (head_dim {head_dim})", "query row of the M-tile", None)
+    fig.legend(handles=_patches([f"wave {w}" for w in range(waves)], colors), loc="lower center", ncol=waves,
+               fontsize=FONT)
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
+    return fig
 
 def work_layouts(tiles: Sequence[int], layouts: Mapping[str, Sequence[Sequence[tuple]]]):
     """Which workgroup walks each tile of a ragged batch, one panel per layout.

@@ -65,6 +65,8 @@ CASES = {
     "lds_banks": lambda: figures.lds_banks((4, 5)),
     "phase_timeline": lambda: figures.phase_timeline(m_tiles=3, tiles=1),
     "head_dim_split_timeline": lambda: figures.head_dim_split_timeline(m_tiles=5, group=2),
+    "head_dim_split_timeline_v_with_k": lambda: figures.head_dim_split_timeline(m_tiles=2, v_with_k=True),
+    "head_dim_split_dataflow": lambda: figures.head_dim_split_dataflow(head_dim=256),
     "traffic_bars": lambda: figures.traffic_bars(["a", "b"], {"x": [1.0, 2.5], "y": [0.9, 1.0]}, title="t"),
     "split_k": lambda: figures.split_k([1, 300, 2600], 4),
     "roofline": lambda: figures.roofline(_shapes()),

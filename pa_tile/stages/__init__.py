@@ -10,13 +10,15 @@ so tests, the CLI and the benchmarks can swap stages. ``get(name)`` imports one 
 
 import importlib
 
-#: short name -> (module, notebook it is exported from)
+#: short name -> (module, the notebook it is exported from, or a tuple of them in module order)
 STAGES = {
     "s1": ("pa_tile.stages.s1_tile_qk", "01_tile_qk"),
     "s2": ("pa_tile.stages.s2_register_softmax", "02_register_softmax"),
     "s3": ("pa_tile.stages.s3_raw_loads", "03_raw_dwordx4_loads"),
     "s4": ("pa_tile.stages.s4_blocked_layouts", "04_blocked_layouts"),
-    "s5": ("pa_tile.stages.s5_phase_split_mtp", "05_phase_split_mtp"),
+    # taught over two chapters; the register-resident baseline it is measured against in an appendix
+    "s5": ("pa_tile.stages.s5_phase_split_mtp",
+           ("05_phase_split_mtp", "06_head_dim_split_pv", "appendix_register_resident_loop")),
     "s6": ("pa_tile.stages.s6_split_k", "07_split_k_and_the_finished_kernel"),
 }
 

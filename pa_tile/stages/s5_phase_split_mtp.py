@@ -1,12 +1,13 @@
-# GENERATED from notebooks/05_phase_split_mtp.py by `python -m pa_tile._export`.
-# Do not edit: change the cells tagged `export` in the notebook and re-run the export.
+# GENERATED from notebooks/05_phase_split_mtp.py, notebooks/06_head_dim_split_pv.py, notebooks/appendix_register_resident_loop.py by `python -m pa_tile._export`.
+# Do not edit: change the cells tagged `export` in the notebooks and re-run the export.
 
-"""Stage 5: phase-split multi-token (MTP) decode and wide GQA.
+"""Stage 5: multi-token (MTP) decode and wide GQA, by the phase split and the head_dim split of P·V.
 
-Stage 2's register-resident kernel widened to query_length 1..4 and groups up to 32 (16-row
-M-tiles, causal mask, sliding window) by the phase split and the head_dim split of P·V; blocked
-K, trans-blocked or plain V, head_dim 64/128/256, per-token scales, and split-K partials
-(``num_partitions``) for stage 6's reduce.
+Query rows flattened and tiled into 16-row M-tiles (causal mask, sliding window), K and V read once
+per workgroup for all of them, P·V split across the waves by head_dim; blocked K, trans-blocked or
+plain V, head_dim 64/128/256, per-token scales, and split-K partials (``num_partitions``) for stage
+6's reduce. Taught in chapters 05 and 06; the register-resident loop it is measured against (off by
+default, ``WIDE_ABOVE``) is in the appendix ``appendix_register_resident_loop``.
 """
 
 import functools
@@ -22,24 +23,28 @@ from flydsl.expr import const_expr, gpu, range_constexpr
 from pa_tile import launching, problem
 from pa_tile.arch import fp8_max
 from pa_tile.kernel_lib import (
-    LOG2E, MASKED, SPAN, TILE, WAVE, WAVES, Pages, buffer_load, buffer_store, device_code, exchange, exp2, exp_shift, fmax, i64,
-    imax, imin, jit_launcher, lane_coords, lds_load, lds_store, mfma, pack_fp8, query_operands, rcp, rsrc,
-    max4, row_max, row_reduce, scalar_load, scores, select, splat4, tree_sum, wave_reduce, zero_tail_v,
+    LOG2E, MASKED, SPAN, TILE, WAVE, WAVES, Pages, buffer_load, buffer_store, device_code,
+    exchange, exp2, exp_shift, fmax, i64, imax, imin, jit_launcher, lane_coords, lds_load,
+    lds_store, mfma, pack_fp8, query_operands, rcp, rsrc, max4, row_max, row_reduce, scalar_load,
+    scores, select, splat4, tree_sum, wave_reduce, zero_tail_v,
 )
 
-__all__ = ["paged_decode", "paged_decode_partials", "build_launcher", "launch_args", "kernel_args", "plan",
-           "LIMITS", "K_LAYOUT", "V_LAYOUT", "PHASE_GROUP", "WIDE_ABOVE", "exchange_slots", "LanePages", "query_rows",
-           "tile_range", "stage_scales", "phase_b", "store_stats", "merge_weights", "Spec", "stage_query",
-           "score_factors", "lane_scales", "k_scaled", "phase_a", "write_rows", "merge_and_write", "WidePages", "wide_v",
-           "wide_scores", "wide_v_max", "wide_v_weight", "wide_pv", "wide_loop", "wide_merge_and_write", "make_kernel",
-           "partial_shapes", "check_partial_offsets", "v_with_k", "lds_layout", "workgroup_work", "page_readers",
-           "per_token_slots", "resident_loop"]
+
+__all__ = ["paged_decode", "paged_decode_partials", "build_launcher", "launch_args", "kernel_args",
+           "plan", "LIMITS", "K_LAYOUT", "V_LAYOUT", "PHASE_GROUP", "WIDE_ABOVE", "exchange_slots",
+           "LanePages", "query_rows", "tile_range", "stage_scales", "phase_b", "store_stats",
+           "merge_weights", "Spec", "stage_query", "score_factors", "lane_scales", "k_scaled",
+           "phase_a", "write_rows", "merge_and_write", "WidePages", "wide_v", "wide_scores",
+           "wide_v_max", "wide_v_weight", "wide_pv", "wide_loop", "wide_merge_and_write",
+           "make_kernel", "partial_shapes", "check_partial_offsets", "v_with_k", "lds_layout",
+           "workgroup_work", "page_readers", "per_token_slots", "resident_loop"]
 
 #: what the stage-5 kernel supports (upstream's tile kernel takes head_dim 64, 128 and 256 too)
-LIMITS = problem.Limits(stage="s5", head_dims=(64, 128, 256), block_sizes=(16, 64), groups=None, max_group=32,
-                        max_query_length=4, query_dtypes=(torch.float16, torch.bfloat16), k_layouts=("blocked",),
-                        v_layouts=("trans_blocked", "plain"), per_token_scales=True, strided_query=True,
-                        sliding_window=True, max_partitions=64, max_m_tiles=8)
+LIMITS = problem.Limits(stage="s5", head_dims=(64, 128, 256), block_sizes=(16, 64), groups=None,
+                        max_group=32, max_query_length=4,
+                        query_dtypes=(torch.float16, torch.bfloat16), k_layouts=("blocked",),
+                        v_layouts=("trans_blocked", "plain"), per_token_scales=True,
+                        strided_query=True, sliding_window=True, max_partitions=64, max_m_tiles=8)
 K_LAYOUT = "k_blocked"  # pa_tile.cache layout names of the caches paged_decode reads
 V_LAYOUT = "v_trans_blocked"  # (plain V is accepted too)
 NINF = float("-inf")
@@ -60,6 +65,111 @@ def plan(head_dim, group, query_length, m_tiles=None):
     return rows, total, per_wg, groups
 
 
+def query_rows(mgrp, col, mt, rows_total, ql, group):
+    """``(r, qi, g)`` per M-tile: the lane's flattened row (MTP position outer, head inner), its
+    position and head; padding rows past ``rows_total`` read the last real one."""
+    rows = []
+    for m in range_constexpr(mt):
+        r = (mgrp * mt + m) * 16 + col
+        rc = imin(r, rows_total - 1)  # padding rows read a real row, quantized to zeros
+        qi = fx.Int32(0)
+        for k in range_constexpr(1, ql):  # rc // G without a division (G need not be a power of 2)
+            qi = qi + fx.Int32(select(rc >= k * group, fx.Int32(1), fx.Int32(0)))
+        rows.append((r, qi, rc - qi * group))
+    return rows
+
+
+def _stage_q(shared, m, lane, ops, q_scale, nh, scales_at):
+    for k in range_constexpr(nh):
+        pair = fx.Vector.from_elements([ops[2 * k], ops[2 * k + 1]], dtype=fx.Int64)
+        lds_store(shared, ((m * nh + k) * WAVE + lane) * 16, pair.bitcast(fx.Float32))
+    lds_store(shared, scales_at + (m * WAVE + lane) * 4,
+              fx.Vector.from_elements([q_scale], dtype=fx.Float32))
+
+
+def _staged_q(shared, m, lane, nh):
+    ops = []
+    for k in range_constexpr(nh):
+        pair = lds_load(shared, ((m * nh + k) * WAVE + lane) * 16, 4).bitcast(fx.Int64)
+        ops.extend([pair[0], pair[1]])
+    return ops
+
+
+def _staged_q_scale(shared, m, lane, scales_at):
+    return fx.Float32(lds_load(shared, scales_at + (m * WAVE + lane) * 4, 1)[0])
+
+
+@device_code
+def stage_query(c, shared, rows, q_rs, seq, kvh, q_stride_row, q_stride_head, wave, lane, grp,
+                live=None):
+    """Each M-tile's query rows to LDS (``live`` False: a work list's empty entry, which walks no
+    tile and reads no query)."""
+    for m in range_constexpr(c.MT):
+        if wave == m % WAVES:
+            if const_expr(live is None):
+                _stage_rows(c, shared, rows[m], m, q_rs, seq, kvh, q_stride_row, q_stride_head,
+                            lane, grp)
+            else:
+                if live:
+                    _stage_rows(c, shared, rows[m], m, q_rs, seq, kvh, q_stride_row, q_stride_head,
+                                lane, grp)
+    gpu.barrier()
+
+
+def _stage_rows(c, shared, row, m, q_rs, seq, kvh, q_stride_row, q_stride_head, lane, grp):
+    r, qi, g = row
+    row_elem = (seq * c.QL + qi) * q_stride_row + (kvh * c.G + g) * q_stride_head
+    ops, q_scale = query_operands(q_rs, row_elem, r < c.ROWS, c.FMAX, grp, c.NH, c.QDT)
+    _stage_q(shared, m, lane, ops, q_scale, c.NH, c.Q_SCALES)
+
+
+def score_factors(c, shared, lane, scale_log2, k_scale):
+    """Each M-tile's factor from raw scores to log2 units: its query scale times the K scale (per
+    tensor; per token the K scale is applied token by token) times ``softmax_scale·log2 e``."""
+    c_qk = []
+    for m in range_constexpr(c.MT):
+        q_scale = _staged_q_scale(shared, m, lane, c.Q_SCALES)
+        c_qk.append(q_scale * scale_log2 if const_expr(c.per_token)
+                    else q_scale * k_scale * scale_log2)
+    return c_qk
+
+
+def lane_scales(sc_lds, base, grp, q):
+    """4 of the 16 per-token values of the lane's row band (lane-tokens 4q..4q+3): a broadcast
+    read."""
+    return lds_load(sc_lds, base + grp * 64 + 16 * q, 4)
+
+
+def k_scaled(s, sc_lds, sc_k, grp, fenced):
+    """The lane's 16 scores ``s`` (a list, scaled in place) times their per-token K scales, read 4
+    at a time; ``fenced``: a ``sched_barrier`` before each read, so the 16 scales are never all
+    live at once (the register-resident loop has V in flight here)."""
+    for q in range_constexpr(4):
+        if const_expr(fenced):
+            fx.rocdl.sched_barrier(0)
+        k4 = lane_scales(sc_lds, sc_k, grp, q)
+        for i in range_constexpr(4):
+            s[4 * q + i] = s[4 * q + i] * fx.Float32(k4[i])
+    return s
+
+
+def tile_range(ctx, part, block_size, ql, window, num_partitions, listed=None):
+    """``(last_page, t_start, t_end)``: the sequence's last page and this workgroup's tiles
+    (``listed``: the ``(t_start, t_end)`` a work list gave it, kept inside the sequence)."""
+    last_page = (ctx - 1) // block_size
+    num_tiles = (ctx + (TILE - 1)) // TILE
+    first = 0
+    if const_expr(window > 0):
+        # tiles wholly before every row's window are skipped
+        first = imax(ctx - (ql - 1) - window, 0) // TILE
+    if const_expr(listed is not None):
+        return last_page, imax(listed[0], first), imin(listed[1], num_tiles)
+    if const_expr(num_partitions > 1):
+        tpp = (num_tiles + (num_partitions - 1)) // num_partitions
+        return last_page, imax(part * tpp, first), imin(part * tpp + tpp, num_tiles)
+    return last_page, fx.Int32(first), num_tiles
+
+
 def _mask_scores(s_all, n_hi, n_lo, mt):
     """Scores of tokens a row may not see -> -inf. ``s_all[16m + i]`` is lane-token ``i`` of
     M-tile ``m``; row ``m`` sees lane-tokens ``n_lo[m] <= i < n_hi[m]`` (``n_lo`` None: no
@@ -73,6 +183,40 @@ def _mask_scores(s_all, n_hi, n_lo, mt):
                 keep = keep & (n_lo[m] <= i)
             out.append(fx.Float32(select(keep, fx.Float32(s_all[16 * m + i]), ninf)))
     return fx.Vector.from_elements(out, dtype=fx.Float32)
+
+
+@device_code
+def masked_scores(c, s, m, t, tok, ctx, hi1, v_words, zero_v):
+    """M-tile ``m``'s scores ``s`` with the tokens its row may not see at -inf, and ``v_words``
+    with the bytes of tokens past the context zeroed if ``zero_v`` (the V just loaded; else passed
+    through): ``(s, v_words)``. Without a window only tiles holding a causally hidden or absent
+    token pay for the mask (a branch)."""
+    if const_expr(c.W > 0):
+        s = _mask_scores(s, [hi1[m] - tok], [hi1[m] - c.W - tok], 1)
+    else:
+        if t * TILE + TILE > ctx - c.QL + 1:
+            s = _mask_scores(s, [hi1[m] - tok], None, 1)
+            if const_expr(zero_v):
+                v_words = zero_tail_v(v_words, ctx - tok)
+    return s, v_words
+
+
+def live_v_scale(v_sc1, t, wave, lane, ctx, ql, window):
+    """This lane's V scale of tile ``t``, or 0 for a token no row sees (past the context, or before
+    every row's window), so it stays out of the V-scale max and gets weight 0."""
+    span0 = t * TILE + wave * SPAN
+    live = lane < ctx - span0
+    if const_expr(window > 0):
+        live = live & (lane >= ctx - (ql - 1) - window - span0)
+    return fx.Float32(select(live, v_sc1, fx.Float32(0.0)))
+
+
+def v_max_factors(vmax):
+    """``(vmax, 1/vmax)`` of a V-scale max, the factors around P·V."""
+    # no live token (or only ~0 scales) gives 1, not rcp(tiny): O is rescaled by rv·vmax every
+    # tile and O·1e30 could overflow
+    vmax = fx.Float32(select(vmax > 1e-30, vmax, fx.Float32(1.0)))
+    return vmax, rcp(vmax)
 
 
 def _exp_pack(s, c, m_new, log2_fp8_max, v_weight):
@@ -98,33 +242,538 @@ class LanePages(Pages):
     """Chapter 4's ``Pages`` (blocked K; trans-blocked or plain V) plus the one per-token scale a
     lane loads per tile: lane ``lane``'s token of the wave's 64, on the page of its V tokens."""
 
-    def __init__(self, bt_rs, k_rs, v_rs, bt_row, last_page, kvh, num_kv_heads, wave, lane, col, grp, *,
-                 block_size, head_dim, trans_v):
+    def __init__(self, bt_rs, k_rs, v_rs, bt_row, last_page, kvh, num_kv_heads, wave, lane, col,
+                 grp, *, block_size, head_dim, trans_v):
         super().__init__(bt_rs, k_rs, v_rs, bt_row, last_page, kvh, num_kv_heads, wave, col, grp,
                          block_size=block_size, head_dim=head_dim, k_blocked=True, v_trans=trans_v)
         self.s_tok = col if self.pps > 1 else lane
 
     def scale(self, rs, page):
-        return buffer_load(rs, ((page * self.num_kv_heads + self.kvh) * self.bs + self.s_tok) * 4, 1).bitcast(fx.Float32)
+        return buffer_load(rs, ((page * self.num_kv_heads + self.kvh) * self.bs + self.s_tok) * 4,
+                           1).bitcast(fx.Float32)
 
 
-def _stage_q(shared, m, lane, ops, q_scale, nh, scales_at):
-    for k in range_constexpr(nh):
-        pair = fx.Vector.from_elements([ops[2 * k], ops[2 * k + 1]], dtype=fx.Int64)
-        lds_store(shared, ((m * nh + k) * WAVE + lane) * 16, pair.bitcast(fx.Float32))
-    lds_store(shared, scales_at + (m * WAVE + lane) * 4, fx.Vector.from_elements([q_scale], dtype=fx.Float32))
+class Spec:
+    """The compile-time constants of one specialization (``build_launcher``'s arguments and what
+    follows from them): every piece of the kernel below reads its sizes from here."""
+
+    def __init__(self, arch, block_size, head_dim, group, query_length, q_dtype, per_token, trans_v,
+                 sliding_window, num_partitions, m_tiles, work_list=False):
+        self.BS, self.HD, self.G, self.QL = block_size, head_dim, group, query_length
+        self.W, self.NP = sliding_window, num_partitions
+        self.per_token, self.trans_v = per_token, trans_v
+        # a work list (chapter 6's balanced split) names each workgroup's sequence and tiles; its
+        # partials are one slot per workgroup, so a (slot, KV head) holds one partition, not NP
+        self.WL = work_list
+        self.SPLIT = num_partitions > 1 or work_list
+        self.NPW = 1 if work_list else num_partitions
+        self.ROWS, _, self.MT, self.MG = plan(head_dim, group, query_length, m_tiles)
+        self.QDT = fx.BFloat16 if q_dtype == "bf16" else fx.Float16
+        self.FMAX = fp8_max(arch)
+        self.LOG2_FMAX = math.log2(self.FMAX)
+        self.NH = head_dim // 64  # 64-channel halves of a K row: K chunks grp and grp + 4
+        self.NCH = head_dim // 16  # 16-channel d-chunks of the output
+        self.CPW = self.NCH // WAVES  # d-chunks each wave owns after the merge
+        self.WIDE = self.MT > WIDE_ABOVE  # P·V split by head_dim, P through LDS (its section)
+        self.V_WITH_K = self.WIDE and v_with_k(head_dim, block_size, per_token)
+        self.MB = PHASE_GROUP[head_dim]  # M-tiles per phase group of the head_dim split
+        self.XS, self.SHARED_BYTES = exchange_slots(head_dim, self.MT)
+        if self.WIDE:  # no exchange after the loop: the shared region holds only the staged query
+            self.SHARED_BYTES = self.MT * (16 * head_dim + 4 * WAVE)
+        self.Q_SCALES = self.MT * self.NH * WAVE * 16  # byte offset of the staged query scales
+        self.SC_FLOATS = WAVES * 2 * WAVE if per_token else 4  # [wave][K scale | V weight][token]
 
 
-def _staged_q(shared, m, lane, nh):
-    ops = []
-    for k in range_constexpr(nh):
-        pair = lds_load(shared, ((m * nh + k) * WAVE + lane) * 16, 4).bitcast(fx.Int64)
-        ops.extend([pair[0], pair[1]])
-    return ops
+#: M-tiles per phase group of the head_dim split (measured, "Registers and occupancy")
+PHASE_GROUP = {64: 1, 128: 4, 256: 4}
+#: up to this many M-tiles per workgroup the loop stays register-resident (no barrier); past it
+#: P·V is split by head_dim. 0: always split, the measured default ("Registers and occupancy":
+#: fewer registers at every M-tile count, and the timing model predicts it faster)
+WIDE_ABOVE = 0
 
 
-def _staged_q_scale(shared, m, lane, scales_at):
-    return fx.Float32(lds_load(shared, scales_at + (m * WAVE + lane) * 4, 1)[0])
+def v_with_k(head_dim, block_size, per_token):
+    """Whether the head_dim split's loop issues a tile's V right after its K, so the two loads'
+    latencies run side by side and a tile waits for memory once, or after the scores, in the
+    registers K frees, waiting twice ("When to load V"). With K wherever the extra live V words
+    keep the kernel within upstream's register and occupancy figures: all but head_dim 256 and
+    per-token scales on 64-token pages (``tests/test_stage5.py`` checks every configuration)."""
+    return head_dim <= 128 and not (per_token and block_size == 64)
+
+
+class WidePages(LanePages):
+    """``LanePages`` for the head_dim split: the wave's own span's K (and per-token scales) as
+    before, and the V bytes of its ``CPW`` d-chunks in all four spans, lane ``(col, grp)`` loading
+    in each span the tokens that lane ``(col, grp)`` of the span's wave scores."""
+
+    def __init__(self, *a, cpw, **kw):
+        super().__init__(*a, **kw)
+        self.cpw = cpw
+        # bytes between d-chunks
+        self.v_chunk = 16 * (16 if kw["trans_v"] or self.bs == 16 else self.bs)
+
+    def v_page_ids(self, tile):
+        """Page ids of the lane's V tokens in each of the tile's four spans (clamped like
+        ``page_id``)."""
+        ids = []
+        for sp in range_constexpr(WAVES):
+            idx = imin(tile * (TILE // self.bs) + sp * self.pps + self.v_j, self.last_page)
+            ids.append(buffer_load(self.bt_rs, (self.bt_row + idx) * 4, 1))
+        return ids
+
+    def own(self, ids):
+        """This wave's own span's page id, of the four (the page of its per-token scales)."""
+        page = ids[0]
+        for sp in range_constexpr(1, WAVES):
+            page = fx.Int32(select(self.wave == sp, ids[sp], page))
+        return page
+
+    def v_spans(self, ids):
+        """The V words ``[span][slot][4]``, flat: slot ``s`` is d-chunk ``CPW·wave + s``."""
+        out = []
+        for sp in range_constexpr(WAVES):
+            voff = self.slab(ids[sp]) + self.v_lane
+            for s in range_constexpr(self.cpw):
+                v = buffer_load(self.v_rs, voff, 4,
+                                soffset=(self.cpw * self.wave + s) * self.v_chunk)
+                out.extend([v[k] for k in range_constexpr(4)])
+        return fx.Vector.from_elements(out, dtype=fx.Int32)
+
+
+@device_code
+def wide_v(c, wp, v_ids, t, ctx, grp):
+    """The wave's V words of tile ``t``, bytes of tokens past the context zeroed span by span."""
+    v_all = wp.v_spans(v_ids)
+    if const_expr(c.W > 0):
+        v_all = _zero_tail_spans(c, v_all, t, ctx, grp)
+    else:
+        if t * TILE + TILE > ctx:
+            v_all = _zero_tail_spans(c, v_all, t, ctx, grp)
+    return v_all
+
+
+def _zero_tail_spans(c, v_all, t, ctx, grp):
+    n = c.CPW * 4
+    words = []
+    for sp in range_constexpr(WAVES):
+        part = fx.Vector.from_elements([v_all[sp * n + i] for i in range_constexpr(n)],
+                                       dtype=fx.Int32)
+        z = zero_tail_v(part, ctx - (t * TILE + sp * SPAN + grp * 16))
+        words.extend([z[i] for i in range_constexpr(n)])
+    return fx.Vector.from_elements(words, dtype=fx.Int32)
+
+
+@device_code
+def wide_scores(c, ms, t, tok, ctx, k_words, shared, stats, lane, col, wave, c_qk, hi1, pt):
+    """M-tiles ``ms``: their masked raw scores (kept for phase B) and this wave's row max of each
+    to the max table ``[m-tile][row][wave]``."""
+    s_all = []
+    for m in ms:
+        fx.rocdl.sched_barrier(0)
+        s = scores(k_words, _staged_q(shared, m, lane, c.NH), c.NH)
+        if const_expr(c.per_token):
+            sc_lds, sc_k, grp = pt
+            s = k_scaled(s, sc_lds, sc_k, grp, fenced=False)
+        s, _ = masked_scores(c, fx.Vector.from_elements(s, dtype=fx.Float32), m, t, tok, ctx, hi1,
+                             k_words, zero_v=False)
+        lds_store(stats, ((m * 16 + col) * WAVES + wave) * 4,
+                  fx.Vector.from_elements([row_max(s, c_qk[m])], dtype=fx.Float32))
+        s_all.append(s)
+    return s_all
+
+
+def wide_v_max(c, sc_lds, v_sc1, t, wave, lane, ctx):
+    """The lane's live V scale (``live_v_scale``); its wave's max to the V-max table."""
+    v_sc1 = live_v_scale(v_sc1, t, wave, lane, ctx, c.QL, c.W)
+    lds_store(sc_lds, (c.SC_FLOATS + wave) * 4,
+              fx.Vector.from_elements([wave_reduce(v_sc1, fmax)], dtype=fx.Float32))
+    return v_sc1
+
+
+def wide_v_weight(c, sc_lds, sc_v, v_sc1, lane):
+    """After the max barrier: the workgroup's V-scale max and the lane's weight to its slot;
+    ``(1/vmax, vmax)``."""
+    vmax, rv = v_max_factors(max4(lds_load(sc_lds, c.SC_FLOATS * 4, WAVES)))
+    lds_store(sc_lds, sc_v + lane * 4, fx.Vector.from_elements([v_sc1 * rv], dtype=fx.Float32))
+    return rv, vmax
+
+
+def wide_pv(c, ms, st, s_all, v_all, stats, pslab, lane, col, wave, c_qk, pt):
+    """M-tiles ``ms``: ``(o, m, l)`` after this tile (``l``: this lane's share of the row sum)."""
+    O0 = 1 + WAVES
+    M0, L0 = O0 + c.MT * c.CPW, O0 + c.MT * c.CPW + c.MT
+    v_weight = rv = vmax = None
+    if const_expr(c.per_token):
+        sc_lds, sc_v, grp, rv, vmax = pt
+        v_weight = functools.partial(lane_scales, sc_lds, sc_v, grp)
+    o_all, m_all, l_all = [], [], []
+    for i, m in enumerate(ms):
+        fx.rocdl.sched_barrier(0)
+        m4 = lds_load(stats, (m * 16 + col) * WAVES * 4, WAVES)
+        mx = fmax(fx.Float32(st[M0 + m]), max4(m4))
+        p_ops, p_sum = _exp_pack(s_all[i], c_qk[m], mx, c.LOG2_FMAX, v_weight)
+        corr = exp2(fx.Float32(st[M0 + m]) - mx)
+        lds_store(pslab, (wave * WAVE + lane) * 16,
+                  fx.Vector.from_elements(p_ops, dtype=fx.Int64).bitcast(fx.Float32))
+        gpu.barrier()  # every wave's P of this M-tile is in the slab
+        ps = [lds_load(pslab, (sp * WAVE + lane) * 16,
+                       4).bitcast(fx.Int64) for sp in range_constexpr(WAVES)]
+        f4 = splat4(corr * rv if const_expr(c.per_token) else corr)
+        for s in range_constexpr(c.CPW):
+            acc = fx.Vector(st[O0 + m * c.CPW + s]) * f4
+            for sp in range_constexpr(WAVES):
+                w = [fx.Int32(v_all[(sp * c.CPW + s) * 4 + k]) for k in range_constexpr(4)]
+                acc = mfma(i64(w[0], w[1]), ps[sp][0], acc)
+                acc = mfma(i64(w[2], w[3]), ps[sp][1], acc)
+            if const_expr(c.per_token):
+                acc = acc * splat4(vmax)
+            o_all.append(acc)
+        if const_expr(i < len(ms) - 1):
+            gpu.barrier()  # every wave has read the slab (a next group's max barrier does this too)
+        m_all.append(mx)
+        l_all.append(fx.Float32(st[L0 + m]) * corr + p_sum)
+    return o_all, m_all, l_all
+
+
+@device_code
+def wide_loop(c, k, wp, t_start, t_end, first_pages):
+    """The main loop of the head_dim split (``k``: the kernel's per-workgroup values;
+    ``first_pages``: tile ``t_start``'s K and four V page ids); returns its final state ``[k page,
+    4 V pages, O, m, l]``."""
+    MT = c.MT
+    state = list(first_pages)
+    state += [fx.Vector.filled(4, 0.0, fx.Float32)] * (MT * c.CPW)
+    state += [fx.Float32(MASKED)] * MT + [fx.Float32(0.0)] * MT
+    for t, st in range(t_start, t_end, 1, init=state):
+        t = fx.Int32(t)
+        v_ids = [st[1 + sp] for sp in range_constexpr(WAVES)]
+        pt_a = pt_b = None
+        if const_expr(c.per_token):
+            own = wp.own(v_ids)
+            k_sc1, v_sc1 = wp.scale(k.ks_rs, own), wp.scale(k.vs_rs, own)  # the oldest loads
+        k_words = wp.k(st[0])
+        if const_expr(c.V_WITH_K):
+            # V in flight with K: one wait a tile, not two
+            v_all = wide_v(c, wp, v_ids, t, k.ctx, k.grp)
+        k_next, v_next = wp.page_id(t + 1, wp.k_j), wp.v_page_ids(t + 1)
+        fx.rocdl.sched_barrier(0)
+        tok = t * TILE + k.wave * SPAN + k.grp * 16  # the lane's first token
+        if const_expr(c.per_token):
+            lds_store(k.sc_lds, k.sc_k + k.lane * 4,
+                      fx.Vector.from_elements([k_sc1], dtype=fx.Float32))
+            v_sc1 = wide_v_max(c, k.sc_lds, v_sc1, t, k.wave, k.lane, k.ctx)
+            pt_a = (k.sc_lds, k.sc_k, k.grp)
+        o_all, m_all, l_all = [], [], []
+        for g0 in range_constexpr(0, MT, c.MB):
+            ms = list(range(g0, min(g0 + c.MB, MT)))
+            s_all = wide_scores(c, ms, t, tok, k.ctx, k_words, k.shared, k.stats, k.lane, k.col,
+                                k.wave, k.c_qk, k.hi1, pt_a)
+            if const_expr(g0 == 0 and not c.V_WITH_K):
+                fx.rocdl.sched_barrier(0)
+                v_all = wide_v(c, wp, v_ids, t, k.ctx, k.grp)  # V after the first group's scores
+            gpu.barrier()  # every wave's row maxes (and V-scale max) are in the tables
+            if const_expr(g0 == 0 and c.per_token):
+                rv, vmax = wide_v_weight(c, k.sc_lds, k.sc_v, v_sc1, k.lane)
+                pt_b = (k.sc_lds, k.sc_v, k.grp, rv, vmax)
+            o_g, m_g, l_g = wide_pv(c, ms, st, s_all, v_all, k.stats, k.pslab, k.lane, k.col,
+                                    k.wave, k.c_qk, pt_b)
+            o_all, m_all, l_all = o_all + o_g, m_all + m_g, l_all + l_g
+        res = yield [k_next] + v_next + o_all + m_all + l_all
+    return res
+
+
+def wide_merge_and_write(c, k, res, rows, v_scale, outputs, part, num_kv_heads):
+    """The four waves' row sums, and each wave's d-chunks of every M-tile written."""
+    O0 = 1 + WAVES
+    M0, L0 = O0 + c.MT * c.CPW, O0 + c.MT * c.CPW + c.MT
+    for m in range_constexpr(c.MT):
+        lw = row_reduce(fx.Float32(res[L0 + m]), operator.add)
+        lds_store(k.stats, ((m * 16 + k.col) * WAVES + k.wave) * 4,
+                  fx.Vector.from_elements([lw], dtype=fx.Float32))
+    gpu.barrier()
+    o_rs, mx_rs, sm_rs = (rsrc(outputs[0]), None,
+                          None) if const_expr(not c.SPLIT) else tuple(rsrc(t) for t in outputs)
+    for m in range_constexpr(c.MT):
+        l4 = lds_load(k.stats, (m * 16 + k.col) * WAVES * 4, WAVES)
+        total = (fx.Float32(l4[0]) + fx.Float32(l4[1])) + (fx.Float32(l4[2]) + fx.Float32(l4[3]))
+        f = rcp(total)
+        if const_expr(v_scale is not None):
+            f = f * v_scale
+        if const_expr(c.SPLIT):
+            # empty partition row: 0, not 0·inf
+            f = fx.Float32(select(total > 0.0, f, fx.Float32(0.0)))
+        o = [fx.Vector(res[O0 + m * c.CPW + s]) * splat4(f) for s in range_constexpr(c.CPW)]
+        write_rows(c, o, fx.Float32(res[M0 + m]), total, rows[m], k.slot, k.kvh, part, k.wave,
+                   k.grp, num_kv_heads, o_rs, mx_rs, sm_rs)
+
+
+@device_code
+def write_rows(c, o, mx, total, row, seq, kvh, part, wave, grp, num_kv_heads, o_rs, mx_rs, sm_rs):
+    r, qi, g = row
+    if r < c.ROWS:
+        for s in range_constexpr(c.CPW):
+            d0 = (c.CPW * wave + s) * 16 + grp * 4
+            if const_expr(not c.SPLIT):
+                out_row = (seq * c.QL + qi) * (num_kv_heads * c.G) + kvh * c.G + g
+                buffer_store(o[s].to(c.QDT).bitcast(fx.Int32), o_rs, (out_row * c.HD + d0) * 2)
+            else:
+                prow = ((seq * num_kv_heads + kvh) * c.NPW + part) * c.ROWS + r
+                buffer_store(o[s].bitcast(fx.Int32), o_rs, (prow * c.HD + d0) * 4)
+        if const_expr(c.SPLIT):
+            if wave == 0:
+                if grp == 0:
+                    prow = ((seq * num_kv_heads + kvh) * c.NPW + part) * c.ROWS + r
+                    buffer_store(fx.Float32(mx * (1.0 / LOG2E)).bitcast(fx.Int32), mx_rs, prow * 4)
+                    buffer_store(fx.Float32(total * (1.0 / c.FMAX)).bitcast(fx.Int32), sm_rs,
+                                 prow * 4)
+
+
+def lds_layout(c):
+    """The LDS of specialization ``c`` (a :class:`Spec`), as a FlyDSL struct."""
+    if c.WIDE:
+        @fx.struct
+        class Wide:
+            # [m-tile][row][wave]: max; after the loop, sum
+            stats: fx.Array[fx.Float32, c.MT * 16 * WAVES, 16]
+            shared: fx.Array[fx.Float32, c.SHARED_BYTES // 4, 16]  # the staged query
+            pslab: fx.Array[fx.Float32, WAVES * WAVE * 4, 16]  # [wave][lane] x 16 fp8 P codes
+            # per token: [wave][K scale | V weight][token], then [wave] V-scale maxes
+            scales: fx.Array[fx.Float32, c.SC_FLOATS + WAVES if c.per_token else 4, 16]
+
+        return Wide
+
+    @fx.struct
+    class Shared:
+        stats: fx.Array[fx.Float32, c.MT * 2 * 16 * WAVES, 16]  # [m-tile][max | sum][row][wave]
+        # before the loop: the staged query ([m-tile][K chunk pair][lane] x 16 fp8 codes, then
+        # [m-tile][lane] scales); after it: the merge's exchange, [sender][slot][lane] x f32x4
+        shared: fx.Array[fx.Float32, c.SHARED_BYTES // 4, 16]
+        scales: fx.Array[fx.Float32, c.SC_FLOATS, 16]
+
+    return Shared
+
+
+@device_code
+def workgroup_work(c, work_list):
+    """``(seq, slot, kvh, mgrp, part, listed, live)`` of this workgroup: ``slot`` is where its
+    partials go; with a work list (``c.WL``) workgroup x does entry x, ``(sequence, first tile,
+    end tile, 0)``: ``listed`` is that tile range and ``live`` is False for an empty entry (past
+    the batch's last chunk), which reads no query."""
+    seq, by = fx.Int32(gpu.block_id("x")), fx.Int32(gpu.block_id("y"))
+    part = fx.Int32(gpu.block_id("z"))
+    kvh, mgrp = by // c.MG, by % c.MG
+    slot, listed, live = seq, None, None
+    if const_expr(c.WL):
+        seq = scalar_load(work_list, slot * 4)
+        listed = (scalar_load(work_list, slot * 4 + 1), scalar_load(work_list, slot * 4 + 2))
+        live = listed[0] < listed[1]
+    return seq, slot, kvh, mgrp, part, listed, live
+
+
+@device_code
+def page_readers(c, bt_rs, k_rs, v_rs, seq, max_blocks, last_page, kvh, num_kv_heads, wave, lane,
+                 col, grp, t_start):
+    """``(pages, wp, first_pages)``: the lane's ``LanePages``, its ``WidePages`` for the head_dim
+    split (else None), and tile ``t_start``'s K and V page ids (four V ids for the split)."""
+    pages = LanePages(bt_rs, k_rs, v_rs, seq * max_blocks, last_page, kvh, num_kv_heads, wave,
+                      lane, col, grp, block_size=c.BS, head_dim=c.HD, trans_v=c.trans_v)
+    wp = None
+    if const_expr(c.WIDE):
+        wp = WidePages(bt_rs, k_rs, v_rs, seq * max_blocks, last_page, kvh, num_kv_heads, wave,
+                       lane, col, grp, block_size=c.BS, head_dim=c.HD, trans_v=c.trans_v, cpw=c.CPW)
+        first_pages = [wp.page_id(t_start, wp.k_j)] + wp.v_page_ids(t_start)
+    else:
+        first_pages = [pages.page_id(t_start, pages.k_j), pages.page_id(t_start, pages.v_j)]
+    return pages, wp, first_pages
+
+
+def per_token_slots(k, lds, key_scale, value_scale, wave):
+    """Add the K/V scale buffers (``ks_rs``, ``vs_rs``), the scales' LDS (``sc_lds``) and this
+    wave's slots in it (``sc_k``: its 64 K scales, then ``sc_v``: its 64 V weights) to ``k``."""
+    k.ks_rs, k.vs_rs = rsrc(key_scale), rsrc(value_scale)
+    k.sc_lds = fx.recast_iter(fx.Uint8, lds.scales.ptr)
+    k.sc_k = wave * (2 * WAVE * 4)
+    k.sc_v = k.sc_k + WAVE * 4
+
+
+def tensor_scales(c, key_scale, value_scale):
+    """The per-tensor K and V scales, ``(None, None)`` with per-token scales."""
+    if const_expr(c.per_token):
+        return None, None
+    return (scalar_load(key_scale, 0).bitcast(fx.Float32),
+            scalar_load(value_scale, 0).bitcast(fx.Float32))
+
+
+def make_kernel(c):
+    """The kernel function of specialization ``c`` (a :class:`Spec`)."""
+    Shared = lds_layout(c)
+
+    def pa_decode_s5(
+        out: fx.Tensor, pmax: fx.Tensor, psum: fx.Tensor, pout: fx.Tensor, query: fx.Tensor,
+        key_cache: fx.Tensor, value_cache: fx.Tensor, block_tables: fx.Tensor,
+        context_lengths: fx.Tensor, work_list: fx.Tensor, key_scale: fx.Tensor,
+        value_scale: fx.Tensor, num_kv_heads: fx.Int32, max_blocks: fx.Int32,
+        q_stride_row: fx.Int32, q_stride_head: fx.Int32, scale_log2: fx.Float32,
+    ):
+        # col: MFMA column = this lane's query row in an M-tile; grp: its 16 tokens of the wave's 64
+        tid, wave, lane, col, grp = lane_coords()
+        seq, slot, kvh, mgrp, part, listed, live = workgroup_work(c, work_list)
+        q_rs, k_rs, v_rs, bt_rs = (rsrc(t) for t in (query, key_cache, value_cache, block_tables))
+        ctx = scalar_load(context_lengths, seq)
+        lds = fx.SharedAllocator().allocate(Shared).peek()
+        shared = fx.recast_iter(fx.Uint8, lds.shared.ptr)
+        rows = query_rows(mgrp, col, c.MT, c.ROWS, c.QL, c.G)
+        k_scale, v_scale = tensor_scales(c, key_scale, value_scale)
+        last_page, t_start, t_end = tile_range(ctx, part, c.BS, c.QL, c.W, c.NP, listed)
+        # the first tile's page ids go out before the query is staged: their wait overlaps Q's
+        pages, wp, first_pages = page_readers(c, bt_rs, k_rs, v_rs, seq, max_blocks, last_page, kvh,
+                                              num_kv_heads, wave, lane, col, grp, t_start)
+        stage_query(c, shared, rows, q_rs, seq, kvh, q_stride_row, q_stride_head, wave, lane, grp,
+                    live)
+        c_qk = score_factors(c, shared, lane, scale_log2, k_scale)
+        # causal bound of each row: query qi sits at ctx - QL + qi and sees tokens <= it
+        hi1 = [ctx - (c.QL - 1) + rows[m][1] for m in range_constexpr(c.MT)]
+        k = types.SimpleNamespace(shared=shared, lane=lane, col=col, wave=wave, grp=grp, seq=seq,
+                                  slot=slot, kvh=kvh, ctx=ctx, c_qk=c_qk, hi1=hi1)
+        if const_expr(c.per_token):
+            per_token_slots(k, lds, key_scale, value_scale, wave)
+        outputs = (out,) if const_expr(not c.SPLIT) else (pout, pmax, psum)
+        if const_expr(c.WIDE):  # P·V split by head_dim (chapter 06)
+            k.stats = fx.recast_iter(fx.Uint8, lds.stats.ptr)
+            k.pslab = fx.recast_iter(fx.Uint8, lds.pslab.ptr)
+            res = wide_loop(c, k, wp, t_start, t_end, first_pages)
+            wide_merge_and_write(c, k, res, rows, v_scale, outputs, part, num_kv_heads)
+            return
+        res = resident_loop(c, k, pages, t_start, t_end, first_pages)  # the appendix's baseline
+        merge_and_write(c, lds, shared, res, rows, v_scale, outputs, slot, kvh, part, num_kv_heads,
+                        wave, lane, col, grp)
+
+    return pa_decode_s5
+
+
+@functools.lru_cache(maxsize=None)
+def build_launcher(arch, block_size, head_dim, group, query_length, q_dtype="f16", per_token=False,
+                   trans_v=True, sliding_window=0, num_partitions=1, m_tiles=None, work_list=False):
+    """The ``@flyc.jit`` launcher for one specialization (every argument is a compile-time constant;
+    the partials of a split are described above; ``work_list``: chapter 6's balanced split)."""
+    c = Spec(arch, block_size, head_dim, group, query_length, q_dtype, per_token, trans_v,
+             sliding_window, num_partitions, m_tiles, work_list)
+    # launch(out, pmax, psum, pout, query, ..., value_scale, num_seqs, num_kv_heads, ...,
+    #        scale_log2, stream)
+    return jit_launcher(make_kernel(c), grid_yz=lambda a: (a["num_kv_heads"] * c.MG, c.NP))
+
+
+def kernel_args(p, first, query, key_cache, value_cache, block_tables, context_lengths, key_scale,
+                value_scale):
+    """The launcher's arguments for a validated problem ``p``: ``first`` is ``(out, pmax, psum,
+    pout)`` (the unsplit kernel writes only ``out``; a split writes only the partials). The work
+    list's place holds ``context_lengths`` again: only chapter 07's balanced split reads one."""
+    return tuple(first) + (
+        query, key_cache.view(torch.uint8), value_cache.view(torch.uint8), block_tables,
+        context_lengths, context_lengths, key_scale, value_scale, p.num_seqs, p.num_kv_heads,
+        p.max_blocks, query.stride(0), query.stride(1), p.scale_log2,
+    )
+
+
+def check_partial_offsets(p, slots, m_tiles=None, *, split=""):
+    """Refuse a split whose partial outputs (``slots`` per KV head, each ``rows x head_dim``
+    float32) reach past the kernel's 32-bit byte offsets. ``split`` names it in the error."""
+    rows = plan(p.head_dim, p.group, p.query_length, m_tiles)[0]
+    if slots * p.num_kv_heads * rows * p.head_dim * 4 >= 2**31:
+        what = split or f"{slots} partial slots"
+        raise ValueError(f"num_partitions: {what} needs partial outputs beyond the kernel's 32-bit "
+                         "byte offsets; use fewer partitions")
+    return rows
+
+
+def partial_shapes(p, num_partitions, m_tiles=None):
+    """Shapes of ``(pmax, psum, pout)`` for a split into ``num_partitions``; a split whose byte
+    offsets would not fit the kernel's 32 bits is refused."""
+    rows = check_partial_offsets(p, p.num_seqs * num_partitions, m_tiles,
+                                 split=f"{num_partitions} partitions of {p.num_seqs} sequences")
+    stats = (p.num_seqs, p.num_kv_heads, num_partitions, rows)
+    return stats, stats, stats + (p.head_dim,)
+
+
+def _describe(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale,
+              softmax_scale, query_length, sliding_window, arch, num_partitions, m_tiles):
+    problem.int_option(num_partitions, "num_partitions", 1, LIMITS.max_partitions)
+    if m_tiles is not None:
+        problem.int_option(m_tiles, "m_tiles", 1, LIMITS.max_m_tiles)
+    return problem.describe(query, key_cache, value_cache, block_tables, context_lengths,
+                            key_scale, value_scale, limits=LIMITS, softmax_scale=softmax_scale,
+                            query_length=query_length, sliding_window=sliding_window, arch=arch)
+
+
+def launcher_for(p, num_partitions=1, m_tiles=None, work_list=False):
+    """The compiled-once launcher for a validated problem."""
+    return build_launcher(p.arch, p.block_size, p.head_dim, p.group, p.query_length, p.q_dtype,
+                          p.per_token, p.v_layout == "trans_blocked", p.sliding_window,
+                          num_partitions, m_tiles, work_list)
+
+
+def launch_args(query, key_cache, value_cache, block_tables, context_lengths, key_scale,
+                value_scale, *, softmax_scale=None, query_length=None, sliding_window=0, out=None,
+                arch=None, num_partitions=1, m_tiles=None):
+    """``(launcher, args, arch)`` after validation: ``launcher(*args)`` runs the kernel,
+    ``pa_tile.toolchain.compile_isa(launcher, *args, arch=arch)`` shows its assembly. With
+    ``num_partitions`` > 1 the partial buffers are ``args[1:4]`` and ``out`` is unused."""
+    p = _describe(query, key_cache, value_cache, block_tables, context_lengths, key_scale,
+                  value_scale, softmax_scale, query_length, sliding_window, arch, num_partitions,
+                  m_tiles)
+    ks, vs = problem.scale_tensors(p, key_scale, value_scale)
+    if num_partitions > 1:
+        shapes = partial_shapes(p, num_partitions, m_tiles)
+        first = (torch.empty(1, dtype=query.dtype, device=query.device),) + tuple(
+            torch.empty(s, dtype=torch.float32, device=query.device) for s in shapes)
+    else:
+        d = torch.empty(1, dtype=torch.float32, device=query.device)
+        first = (problem.output(p, query, out), d, d, d)
+    args = kernel_args(p, first, query, key_cache, value_cache, block_tables, context_lengths, ks,
+                       vs)
+    return launcher_for(p, num_partitions, m_tiles), args, p.arch
+
+
+def paged_decode(query, key_cache, value_cache, block_tables, context_lengths, key_scale,
+                 value_scale, *, softmax_scale=None, query_length=None, sliding_window=0, out=None,
+                 arch=None, m_tiles=None):
+    """fp8 paged decode attention with MTP and GQA; returns ``out`` (shaped and typed like
+    ``query``).
+
+    ``query`` [num_seqs·query_length, num_q_heads, 64|128|256] f16/bf16 (row
+    ``s·query_length + i`` is query ``i`` of sequence ``s``; rows and heads may be strided);
+    ``key_cache`` blocked
+    [num_blocks, num_kv_heads, head_dim//16, block_size, 16]; ``value_cache`` trans-blocked
+    [num_blocks, num_kv_heads, block_size//16, head_dim, 16] or plain [num_blocks, num_kv_heads,
+    head_dim, block_size]; fp8 e4m3 of the arch (or uint8 codes); ``block_tables`` [num_seqs,
+    max_blocks] int32; ``context_lengths`` [num_seqs] int32 (query_length .. max_blocks·block_size);
+    float32 scales (> 0), both [1] or both [num_blocks, num_kv_heads, block_size]; ``query_length``
+    defaults to rows / num_seqs; ``sliding_window`` as in ``pa_tile.reference`` (0: none);
+    ``m_tiles`` caps the 16-row M-tiles per workgroup (default: all of them, so K and V are read
+    once; P·V is split by head_dim across the waves).
+    Validation: ``pa_tile.problem``.
+    """
+    launcher, args, arch = launch_args(query, key_cache, value_cache, block_tables,
+                                       context_lengths, key_scale, value_scale,
+                                       softmax_scale=softmax_scale, query_length=query_length,
+                                       sliding_window=sliding_window, out=out, arch=arch,
+                                       m_tiles=m_tiles)
+    launching.launch(launcher, args, arch=arch)
+    return args[0]
+
+
+def paged_decode_partials(query, key_cache, value_cache, block_tables, context_lengths, key_scale,
+                          value_scale, *, num_partitions, softmax_scale=None, query_length=None,
+                          sliding_window=0, arch=None, m_tiles=None):
+    """The split-K half of chapter 07: ``(pmax, psum, pout)`` of each of ``num_partitions``
+    partitions (layouts and empty-partition values: the notes before ``build_launcher``)."""
+    launcher, args, arch = launch_args(query, key_cache, value_cache, block_tables,
+                                       context_lengths, key_scale, value_scale,
+                                       softmax_scale=softmax_scale, query_length=query_length,
+                                       sliding_window=sliding_window, arch=arch,
+                                       num_partitions=num_partitions, m_tiles=m_tiles)
+    launching.launch(launcher, args, arch=arch)
+    return args[1], args[2], args[3]
 
 
 def _pv(o, v_words, p_ops, f4, vmax=None):
@@ -140,54 +789,6 @@ def _pv(o, v_words, p_ops, f4, vmax=None):
             acc = acc * splat4(vmax)
         out.append(acc)
     return out
-
-
-def live_v_scale(v_sc1, t, wave, lane, ctx, ql, window):
-    """This lane's V scale of tile ``t``, or 0 for a token no row sees (past the context, or before
-    every row's window), so it stays out of the V-scale max and gets weight 0."""
-    span0 = t * TILE + wave * SPAN
-    live = lane < ctx - span0
-    if const_expr(window > 0):
-        live = live & (lane >= ctx - (ql - 1) - window - span0)
-    return fx.Float32(select(live, v_sc1, fx.Float32(0.0)))
-
-
-def v_max_factors(vmax):
-    """``(vmax, 1/vmax)`` of a V-scale max, the factors around P·V."""
-    # no live token (or only ~0 scales) gives 1, not rcp(tiny): O is rescaled by rv·vmax every
-    # tile and O·1e30 could overflow
-    vmax = fx.Float32(select(vmax > 1e-30, vmax, fx.Float32(1.0)))
-    return vmax, rcp(vmax)
-
-
-def query_rows(mgrp, col, mt, rows_total, ql, group):
-    """``(r, qi, g)`` per M-tile: the lane's flattened row (MTP position outer, head inner), its
-    position and head; padding rows past ``rows_total`` read the last real one."""
-    rows = []
-    for m in range_constexpr(mt):
-        r = (mgrp * mt + m) * 16 + col
-        rc = imin(r, rows_total - 1)  # padding rows read a real row, quantized to zeros
-        qi = fx.Int32(0)
-        for k in range_constexpr(1, ql):  # rc // G without a division (G need not be a power of 2)
-            qi = qi + fx.Int32(select(rc >= k * group, fx.Int32(1), fx.Int32(0)))
-        rows.append((r, qi, rc - qi * group))
-    return rows
-
-
-def tile_range(ctx, part, block_size, ql, window, num_partitions, listed=None):
-    """``(last_page, t_start, t_end)``: the sequence's last page and this workgroup's tiles
-    (``listed``: the ``(t_start, t_end)`` a work list gave it, kept inside the sequence)."""
-    last_page = (ctx - 1) // block_size
-    num_tiles = (ctx + (TILE - 1)) // TILE
-    first = 0
-    if const_expr(window > 0):
-        first = imax(ctx - (ql - 1) - window, 0) // TILE  # tiles wholly before every row's window are skipped
-    if const_expr(listed is not None):
-        return last_page, imax(listed[0], first), imin(listed[1], num_tiles)
-    if const_expr(num_partitions > 1):
-        tpp = (num_tiles + (num_partitions - 1)) // num_partitions
-        return last_page, imax(part * tpp, first), imin(part * tpp + tpp, num_tiles)
-    return last_page, fx.Int32(first), num_tiles
 
 
 def stage_scales(sc_lds, sc_k, sc_v, k_sc1, v_sc1, t, wave, lane, ctx, ql, window):
@@ -207,7 +808,8 @@ def phase_b(o_all, v_words, p_all, corr_all, per_token=None):
     o_next = []
     for m in range_constexpr(len(p_all)):
         fx.rocdl.sched_barrier(0)
-        f4 = splat4(corr_all[m] * per_token[0] if const_expr(per_token is not None) else corr_all[m])
+        f4 = splat4(corr_all[m] * per_token[0] if const_expr(per_token is not None)
+                    else corr_all[m])
         o_next += _pv(o_all[m * nch:(m + 1) * nch], v_words, p_all[m], f4,
                       per_token[1] if const_expr(per_token is not None) else None)
     return o_next
@@ -219,8 +821,10 @@ def store_stats(stats, m_w, l_w, wave, col):
     for m in range_constexpr(len(m_w)):
         lw = row_reduce(fx.Float32(l_w[m]), operator.add)
         base = m * 2 * 16 * WAVES
-        lds_store(stats, (base + col * WAVES + wave) * 4, fx.Vector.from_elements([fx.Float32(m_w[m])], dtype=fx.Float32))
-        lds_store(stats, (base + (16 + col) * WAVES + wave) * 4, fx.Vector.from_elements([lw], dtype=fx.Float32))
+        lds_store(stats, (base + col * WAVES + wave) * 4,
+                  fx.Vector.from_elements([fx.Float32(m_w[m])], dtype=fx.Float32))
+        lds_store(stats, (base + (16 + col) * WAVES + wave) * 4,
+                  fx.Vector.from_elements([lw], dtype=fx.Float32))
 
 
 def merge_weights(stats, m, col, m_w, o_w, v_scale, split):
@@ -256,125 +860,6 @@ def exchange_slots(head_dim, m_tiles):
     return slots, max(staged, WAVES * WAVE * 16 * slots)
 
 
-class Spec:
-    """The compile-time constants of one specialization (``build_launcher``'s arguments and what
-    follows from them): every piece of the kernel below reads its sizes from here."""
-
-    def __init__(self, arch, block_size, head_dim, group, query_length, q_dtype, per_token, trans_v,
-                 sliding_window, num_partitions, m_tiles, work_list=False):
-        self.BS, self.HD, self.G, self.QL = block_size, head_dim, group, query_length
-        self.W, self.NP, self.per_token, self.trans_v = sliding_window, num_partitions, per_token, trans_v
-        # a work list (chapter 6's balanced split) names each workgroup's sequence and tiles; its
-        # partials are one slot per workgroup, so a (slot, KV head) holds one partition, not NP
-        self.WL = work_list
-        self.SPLIT = num_partitions > 1 or work_list
-        self.NPW = 1 if work_list else num_partitions
-        self.ROWS, _, self.MT, self.MG = plan(head_dim, group, query_length, m_tiles)
-        self.QDT = fx.BFloat16 if q_dtype == "bf16" else fx.Float16
-        self.FMAX = fp8_max(arch)
-        self.LOG2_FMAX = math.log2(self.FMAX)
-        self.NH = head_dim // 64  # 64-channel halves of a K row: K chunks grp and grp + 4
-        self.NCH = head_dim // 16  # 16-channel d-chunks of the output
-        self.CPW = self.NCH // WAVES  # d-chunks each wave owns after the merge
-        self.WIDE = self.MT > WIDE_ABOVE  # P·V split by head_dim, P through LDS (its section)
-        self.V_WITH_K = self.WIDE and v_with_k(head_dim, block_size, per_token)
-        self.MB = PHASE_GROUP[head_dim]  # M-tiles per phase group of the head_dim split
-        self.XS, self.SHARED_BYTES = exchange_slots(head_dim, self.MT)
-        if self.WIDE:  # no exchange after the loop: the shared region holds only the staged query
-            self.SHARED_BYTES = self.MT * (16 * head_dim + 4 * WAVE)
-        self.Q_SCALES = self.MT * self.NH * WAVE * 16  # byte offset of the staged query scales
-        self.SC_FLOATS = WAVES * 2 * WAVE if per_token else 4  # [wave][K scale | V weight][token]
-
-
-def lds_layout(c):
-    """The LDS of specialization ``c`` (a :class:`Spec`), as a FlyDSL struct."""
-    if c.WIDE:
-        @fx.struct
-        class Wide:
-            stats: fx.Array[fx.Float32, c.MT * 16 * WAVES, 16]  # [m-tile][row][wave]: max; after the loop, sum
-            shared: fx.Array[fx.Float32, c.SHARED_BYTES // 4, 16]  # the staged query
-            pslab: fx.Array[fx.Float32, WAVES * WAVE * 4, 16]  # [wave][lane] x 16 fp8 P codes
-            # per token: [wave][K scale | V weight][token], then [wave] V-scale maxes
-            scales: fx.Array[fx.Float32, c.SC_FLOATS + WAVES if c.per_token else 4, 16]
-
-        return Wide
-
-    @fx.struct
-    class Shared:
-        stats: fx.Array[fx.Float32, c.MT * 2 * 16 * WAVES, 16]  # [m-tile][max | sum][row][wave]
-        # before the loop: the staged query ([m-tile][K chunk pair][lane] x 16 fp8 codes, then
-        # [m-tile][lane] scales); after it: the merge's exchange, [sender][slot][lane] x f32x4
-        shared: fx.Array[fx.Float32, c.SHARED_BYTES // 4, 16]
-        scales: fx.Array[fx.Float32, c.SC_FLOATS, 16]
-
-    return Shared
-
-
-@device_code
-def stage_query(c, shared, rows, q_rs, seq, kvh, q_stride_row, q_stride_head, wave, lane, grp, live=None):
-    """Each M-tile's query rows to LDS (``live`` False: a work list's empty entry, which walks no
-    tile and reads no query)."""
-    for m in range_constexpr(c.MT):
-        if wave == m % WAVES:
-            if const_expr(live is None):
-                _stage_rows(c, shared, rows[m], m, q_rs, seq, kvh, q_stride_row, q_stride_head, lane, grp)
-            else:
-                if live:
-                    _stage_rows(c, shared, rows[m], m, q_rs, seq, kvh, q_stride_row, q_stride_head, lane, grp)
-    gpu.barrier()
-
-
-def _stage_rows(c, shared, row, m, q_rs, seq, kvh, q_stride_row, q_stride_head, lane, grp):
-    r, qi, g = row
-    row_elem = (seq * c.QL + qi) * q_stride_row + (kvh * c.G + g) * q_stride_head
-    ops, q_scale = query_operands(q_rs, row_elem, r < c.ROWS, c.FMAX, grp, c.NH, c.QDT)
-    _stage_q(shared, m, lane, ops, q_scale, c.NH, c.Q_SCALES)
-
-
-def score_factors(c, shared, lane, scale_log2, k_scale):
-    """Each M-tile's factor from raw scores to log2 units: its query scale times the K scale (per
-    tensor; per token the K scale is applied token by token) times ``softmax_scale·log2 e``."""
-    c_qk = []
-    for m in range_constexpr(c.MT):
-        q_scale = _staged_q_scale(shared, m, lane, c.Q_SCALES)
-        c_qk.append(q_scale * scale_log2 if const_expr(c.per_token) else q_scale * k_scale * scale_log2)
-    return c_qk
-
-
-def lane_scales(sc_lds, base, grp, q):
-    """4 of the 16 per-token values of the lane's row band (lane-tokens 4q..4q+3): a broadcast read."""
-    return lds_load(sc_lds, base + grp * 64 + 16 * q, 4)
-
-
-def k_scaled(s, sc_lds, sc_k, grp, fenced):
-    """The lane's 16 scores ``s`` (a list, scaled in place) times their per-token K scales, read 4
-    at a time; ``fenced``: a ``sched_barrier`` before each read, so the 16 scales are never all
-    live at once (the register-resident loop has V in flight here)."""
-    for q in range_constexpr(4):
-        if const_expr(fenced):
-            fx.rocdl.sched_barrier(0)
-        k4 = lane_scales(sc_lds, sc_k, grp, q)
-        for i in range_constexpr(4):
-            s[4 * q + i] = s[4 * q + i] * fx.Float32(k4[i])
-    return s
-
-
-@device_code
-def masked_scores(c, s, m, t, tok, ctx, hi1, v_words, zero_v):
-    """M-tile ``m``'s scores ``s`` with the tokens its row may not see at -inf, and ``v_words``
-    with the bytes of tokens past the context zeroed if ``zero_v`` (the V just loaded; else passed
-    through): ``(s, v_words)``. Without a window only tiles holding a causally hidden or absent
-    token pay for the mask (a branch)."""
-    if const_expr(c.W > 0):
-        s = _mask_scores(s, [hi1[m] - tok], [hi1[m] - c.W - tok], 1)
-    else:
-        if t * TILE + TILE > ctx - c.QL + 1:
-            s = _mask_scores(s, [hi1[m] - tok], None, 1)
-            if const_expr(zero_v):
-                v_words = zero_tail_v(v_words, ctx - tok)
-    return s, v_words
-
-
 @device_code
 def phase_a(c, st, t, tok, ctx, k_words, pages, v_page, shared, lane, c_qk, hi1, per_token_args):
     M0, L0 = 2 + c.MT * c.NCH, 2 + c.MT * c.NCH + c.MT
@@ -395,11 +880,13 @@ def phase_a(c, st, t, tok, ctx, k_words, pages, v_page, shared, lane, c_qk, hi1,
             # token's weight v_scale/vmax and with it P before its e4m3 rounding: 0 keeps them out.
             vmax, rv = stage_scales(sc_lds, sc_k, sc_v, k_sc1, v_sc1, t, wave, lane, ctx, c.QL, c.W)
         if const_expr(c.per_token):
-            s = k_scaled(s, sc_lds, sc_k, grp, fenced=True)  # 4 scales at a time, not 16 next to V in flight
+            # 4 scales at a time, not 16 next to V in flight
+            s = k_scaled(s, sc_lds, sc_k, grp, fenced=True)
         s = fx.Vector.from_elements(s, dtype=fx.Float32)
         s, v_words = masked_scores(c, s, m, t, tok, ctx, hi1, v_words, zero_v=m == c.MT - 1)
         mx = fmax(fx.Float32(st[M0 + m]), row_max(s, c_qk[m]))
-        v_weight = functools.partial(lane_scales, sc_lds, sc_v, grp) if const_expr(c.per_token) else None
+        v_weight = functools.partial(lane_scales, sc_lds, sc_v,
+                                     grp) if const_expr(c.per_token) else None
         p_ops, p_sum = _exp_pack(s, c_qk[m], mx, c.LOG2_FMAX, v_weight)
         corr = exp2(fx.Float32(st[M0 + m]) - mx)
         l_next.append(fx.Float32(st[L0 + m]) * corr + p_sum)
@@ -414,290 +901,23 @@ def phase_a(c, st, t, tok, ctx, k_words, pages, v_page, shared, lane, c_qk, hi1,
     return p_all, corr_all, m_new, l_next, v_words, (rv, vmax) if const_expr(c.per_token) else None
 
 
-@device_code
-def write_rows(c, o, mx, total, row, seq, kvh, part, wave, grp, num_kv_heads, o_rs, mx_rs, sm_rs):
-    r, qi, g = row
-    if r < c.ROWS:
-        for s in range_constexpr(c.CPW):
-            d0 = (c.CPW * wave + s) * 16 + grp * 4
-            if const_expr(not c.SPLIT):
-                out_row = (seq * c.QL + qi) * (num_kv_heads * c.G) + kvh * c.G + g
-                buffer_store(o[s].to(c.QDT).bitcast(fx.Int32), o_rs, (out_row * c.HD + d0) * 2)
-            else:
-                prow = ((seq * num_kv_heads + kvh) * c.NPW + part) * c.ROWS + r
-                buffer_store(o[s].bitcast(fx.Int32), o_rs, (prow * c.HD + d0) * 4)
-        if const_expr(c.SPLIT):
-            if wave == 0:
-                if grp == 0:
-                    prow = ((seq * num_kv_heads + kvh) * c.NPW + part) * c.ROWS + r
-                    buffer_store(fx.Float32(mx * (1.0 / LOG2E)).bitcast(fx.Int32), mx_rs, prow * 4)
-                    buffer_store(fx.Float32(total * (1.0 / c.FMAX)).bitcast(fx.Int32), sm_rs, prow * 4)
-
-
-def merge_and_write(c, lds, shared, res, rows, v_scale, outputs, seq, kvh, part, num_kv_heads, wave, lane, col,
-                    grp):
+def merge_and_write(c, lds, shared, res, rows, v_scale, outputs, seq, kvh, part, num_kv_heads,
+                    wave, lane, col, grp):
     """After the loop: merge the four waves' results (``res``, the loop state), one M-tile at a time
     with ``XS`` d-chunk slots per exchange round, and write each M-tile's rows."""
     O0, M0, L0 = 2, 2 + c.MT * c.NCH, 2 + c.MT * c.NCH + c.MT
     stats = fx.recast_iter(fx.Uint8, lds.stats.ptr)
-    store_stats(stats, [res[M0 + m] for m in range_constexpr(c.MT)], [res[L0 + m] for m in range_constexpr(c.MT)],
-                wave, col)
+    store_stats(stats, [res[M0 + m] for m in range_constexpr(c.MT)],
+                [res[L0 + m] for m in range_constexpr(c.MT)], wave, col)
     gpu.barrier()  # also: every wave is past its last read of the staged query
-    o_rs, mx_rs, sm_rs = (rsrc(outputs[0]), None, None) if const_expr(not c.SPLIT) else tuple(rsrc(t) for t in outputs)
+    o_rs, mx_rs, sm_rs = (rsrc(outputs[0]), None,
+                          None) if const_expr(not c.SPLIT) else tuple(rsrc(t) for t in outputs)
     for m in range_constexpr(c.MT):
         o_w = [res[O0 + m * c.NCH + j] for j in range_constexpr(c.NCH)]
         o, mx, total = merge_weights(stats, m, col, res[M0 + m], o_w, v_scale, c.SPLIT)
         o = exchange(shared, o, wave, lane, c.XS, m < c.MT - 1)
-        write_rows(c, o, mx, total, rows[m], seq, kvh, part, wave, grp, num_kv_heads, o_rs, mx_rs, sm_rs)
-
-
-#: M-tiles per phase group of the head_dim split (measured, "Registers and occupancy")
-PHASE_GROUP = {64: 1, 128: 4, 256: 4}
-#: up to this many M-tiles per workgroup the loop stays register-resident (no barrier); past it
-#: P·V is split by head_dim. 0: always split, the measured default ("Registers and occupancy":
-#: fewer registers at every M-tile count, and the timing model predicts it faster)
-WIDE_ABOVE = 0
-
-
-def v_with_k(head_dim, block_size, per_token):
-    """Whether the head_dim split's loop issues a tile's V right after its K, so the two loads'
-    latencies run side by side and a tile waits for memory once, or after the scores, in the
-    registers K frees, waiting twice ("When to load V"). With K wherever the extra live V words
-    keep the kernel within upstream's register and occupancy figures: all but head_dim 256 and
-    per-token scales on 64-token pages (``tests/test_stage5.py`` checks every configuration)."""
-    return head_dim <= 128 and not (per_token and block_size == 64)
-
-
-class WidePages(LanePages):
-    """``LanePages`` for the head_dim split: the wave's own span's K (and per-token scales) as
-    before, and the V bytes of its ``CPW`` d-chunks in all four spans, lane ``(col, grp)`` loading
-    in each span the tokens that lane ``(col, grp)`` of the span's wave scores."""
-
-    def __init__(self, *a, cpw, **kw):
-        super().__init__(*a, **kw)
-        self.cpw = cpw
-        self.v_chunk = 16 * (16 if kw["trans_v"] or self.bs == 16 else self.bs)  # bytes between d-chunks
-
-    def v_page_ids(self, tile):
-        """Page ids of the lane's V tokens in each of the tile's four spans (clamped like ``page_id``)."""
-        ids = []
-        for sp in range_constexpr(WAVES):
-            idx = imin(tile * (TILE // self.bs) + sp * self.pps + self.v_j, self.last_page)
-            ids.append(buffer_load(self.bt_rs, (self.bt_row + idx) * 4, 1))
-        return ids
-
-    def own(self, ids):
-        """This wave's own span's page id, of the four (the page of its per-token scales)."""
-        page = ids[0]
-        for sp in range_constexpr(1, WAVES):
-            page = fx.Int32(select(self.wave == sp, ids[sp], page))
-        return page
-
-    def v_spans(self, ids):
-        """The V words ``[span][slot][4]``, flat: slot ``s`` is d-chunk ``CPW·wave + s``."""
-        out = []
-        for sp in range_constexpr(WAVES):
-            voff = self.slab(ids[sp]) + self.v_lane
-            for s in range_constexpr(self.cpw):
-                v = buffer_load(self.v_rs, voff, 4, soffset=(self.cpw * self.wave + s) * self.v_chunk)
-                out.extend([v[k] for k in range_constexpr(4)])
-        return fx.Vector.from_elements(out, dtype=fx.Int32)
-
-
-@device_code
-def wide_v(c, wp, v_ids, t, ctx, grp):
-    """The wave's V words of tile ``t``, bytes of tokens past the context zeroed span by span."""
-    v_all = wp.v_spans(v_ids)
-    if const_expr(c.W > 0):
-        v_all = _zero_tail_spans(c, v_all, t, ctx, grp)
-    else:
-        if t * TILE + TILE > ctx:
-            v_all = _zero_tail_spans(c, v_all, t, ctx, grp)
-    return v_all
-
-
-def _zero_tail_spans(c, v_all, t, ctx, grp):
-    n = c.CPW * 4
-    words = []
-    for sp in range_constexpr(WAVES):
-        part = fx.Vector.from_elements([v_all[sp * n + i] for i in range_constexpr(n)], dtype=fx.Int32)
-        z = zero_tail_v(part, ctx - (t * TILE + sp * SPAN + grp * 16))
-        words.extend([z[i] for i in range_constexpr(n)])
-    return fx.Vector.from_elements(words, dtype=fx.Int32)
-
-
-@device_code
-def wide_scores(c, ms, t, tok, ctx, k_words, shared, stats, lane, col, wave, c_qk, hi1, pt):
-    """M-tiles ``ms``: their masked raw scores (kept for phase B) and this wave's row max of each
-    to the max table ``[m-tile][row][wave]``."""
-    s_all = []
-    for m in ms:
-        fx.rocdl.sched_barrier(0)
-        s = scores(k_words, _staged_q(shared, m, lane, c.NH), c.NH)
-        if const_expr(c.per_token):
-            sc_lds, sc_k, grp = pt
-            s = k_scaled(s, sc_lds, sc_k, grp, fenced=False)
-        s, _ = masked_scores(c, fx.Vector.from_elements(s, dtype=fx.Float32), m, t, tok, ctx, hi1, k_words, zero_v=False)
-        lds_store(stats, ((m * 16 + col) * WAVES + wave) * 4,
-                  fx.Vector.from_elements([row_max(s, c_qk[m])], dtype=fx.Float32))
-        s_all.append(s)
-    return s_all
-
-
-def wide_v_max(c, sc_lds, v_sc1, t, wave, lane, ctx):
-    """The lane's live V scale (``live_v_scale``); its wave's max to the V-max table."""
-    v_sc1 = live_v_scale(v_sc1, t, wave, lane, ctx, c.QL, c.W)
-    lds_store(sc_lds, (c.SC_FLOATS + wave) * 4, fx.Vector.from_elements([wave_reduce(v_sc1, fmax)], dtype=fx.Float32))
-    return v_sc1
-
-
-def wide_v_weight(c, sc_lds, sc_v, v_sc1, lane):
-    """After the max barrier: the workgroup's V-scale max and the lane's weight to its slot;
-    ``(1/vmax, vmax)``."""
-    vmax, rv = v_max_factors(max4(lds_load(sc_lds, c.SC_FLOATS * 4, WAVES)))
-    lds_store(sc_lds, sc_v + lane * 4, fx.Vector.from_elements([v_sc1 * rv], dtype=fx.Float32))
-    return rv, vmax
-
-
-def wide_pv(c, ms, st, s_all, v_all, stats, pslab, lane, col, wave, c_qk, pt):
-    """M-tiles ``ms``: ``(o, m, l)`` after this tile (``l``: this lane's share of the row sum)."""
-    O0 = 1 + WAVES
-    M0, L0 = O0 + c.MT * c.CPW, O0 + c.MT * c.CPW + c.MT
-    v_weight = rv = vmax = None
-    if const_expr(c.per_token):
-        sc_lds, sc_v, grp, rv, vmax = pt
-        v_weight = functools.partial(lane_scales, sc_lds, sc_v, grp)
-    o_all, m_all, l_all = [], [], []
-    for i, m in enumerate(ms):
-        fx.rocdl.sched_barrier(0)
-        m4 = lds_load(stats, (m * 16 + col) * WAVES * 4, WAVES)
-        mx = fmax(fx.Float32(st[M0 + m]), max4(m4))
-        p_ops, p_sum = _exp_pack(s_all[i], c_qk[m], mx, c.LOG2_FMAX, v_weight)
-        corr = exp2(fx.Float32(st[M0 + m]) - mx)
-        lds_store(pslab, (wave * WAVE + lane) * 16, fx.Vector.from_elements(p_ops, dtype=fx.Int64).bitcast(fx.Float32))
-        gpu.barrier()  # every wave's P of this M-tile is in the slab
-        ps = [lds_load(pslab, (sp * WAVE + lane) * 16, 4).bitcast(fx.Int64) for sp in range_constexpr(WAVES)]
-        f4 = splat4(corr * rv if const_expr(c.per_token) else corr)
-        for s in range_constexpr(c.CPW):
-            acc = fx.Vector(st[O0 + m * c.CPW + s]) * f4
-            for sp in range_constexpr(WAVES):
-                w = [fx.Int32(v_all[(sp * c.CPW + s) * 4 + k]) for k in range_constexpr(4)]
-                acc = mfma(i64(w[0], w[1]), ps[sp][0], acc)
-                acc = mfma(i64(w[2], w[3]), ps[sp][1], acc)
-            if const_expr(c.per_token):
-                acc = acc * splat4(vmax)
-            o_all.append(acc)
-        if const_expr(i < len(ms) - 1):
-            gpu.barrier()  # every wave has read the slab (a next group's max barrier does this too)
-        m_all.append(mx)
-        l_all.append(fx.Float32(st[L0 + m]) * corr + p_sum)
-    return o_all, m_all, l_all
-
-
-@device_code
-def wide_loop(c, k, wp, t_start, t_end, first_pages):
-    """The main loop of the head_dim split (``k``: the kernel's per-workgroup values; ``first_pages``:
-    tile ``t_start``'s K and four V page ids); returns its final state ``[k page, 4 V pages, O, m, l]``."""
-    MT = c.MT
-    state = list(first_pages)
-    state += [fx.Vector.filled(4, 0.0, fx.Float32)] * (MT * c.CPW) + [fx.Float32(MASKED)] * MT + [fx.Float32(0.0)] * MT
-    for t, st in range(t_start, t_end, 1, init=state):
-        t = fx.Int32(t)
-        v_ids = [st[1 + sp] for sp in range_constexpr(WAVES)]
-        pt_a = pt_b = None
-        if const_expr(c.per_token):
-            own = wp.own(v_ids)
-            k_sc1, v_sc1 = wp.scale(k.ks_rs, own), wp.scale(k.vs_rs, own)  # the oldest loads
-        k_words = wp.k(st[0])
-        if const_expr(c.V_WITH_K):
-            v_all = wide_v(c, wp, v_ids, t, k.ctx, k.grp)  # V in flight with K: one wait a tile, not two
-        k_next, v_next = wp.page_id(t + 1, wp.k_j), wp.v_page_ids(t + 1)
-        fx.rocdl.sched_barrier(0)
-        tok = t * TILE + k.wave * SPAN + k.grp * 16  # the lane's first token
-        if const_expr(c.per_token):
-            lds_store(k.sc_lds, k.sc_k + k.lane * 4, fx.Vector.from_elements([k_sc1], dtype=fx.Float32))
-            v_sc1 = wide_v_max(c, k.sc_lds, v_sc1, t, k.wave, k.lane, k.ctx)
-            pt_a = (k.sc_lds, k.sc_k, k.grp)
-        o_all, m_all, l_all = [], [], []
-        for g0 in range_constexpr(0, MT, c.MB):
-            ms = list(range(g0, min(g0 + c.MB, MT)))
-            s_all = wide_scores(c, ms, t, tok, k.ctx, k_words, k.shared, k.stats, k.lane, k.col, k.wave, k.c_qk,
-                                k.hi1, pt_a)
-            if const_expr(g0 == 0 and not c.V_WITH_K):
-                fx.rocdl.sched_barrier(0)
-                v_all = wide_v(c, wp, v_ids, t, k.ctx, k.grp)  # V after the first group's scores
-            gpu.barrier()  # every wave's row maxes (and V-scale max) are in the tables
-            if const_expr(g0 == 0 and c.per_token):
-                rv, vmax = wide_v_weight(c, k.sc_lds, k.sc_v, v_sc1, k.lane)
-                pt_b = (k.sc_lds, k.sc_v, k.grp, rv, vmax)
-            o_g, m_g, l_g = wide_pv(c, ms, st, s_all, v_all, k.stats, k.pslab, k.lane, k.col, k.wave, k.c_qk, pt_b)
-            o_all, m_all, l_all = o_all + o_g, m_all + m_g, l_all + l_g
-        res = yield [k_next] + v_next + o_all + m_all + l_all
-    return res
-
-
-def wide_merge_and_write(c, k, res, rows, v_scale, outputs, part, num_kv_heads):
-    """The four waves' row sums, and each wave's d-chunks of every M-tile written."""
-    O0 = 1 + WAVES
-    M0, L0 = O0 + c.MT * c.CPW, O0 + c.MT * c.CPW + c.MT
-    for m in range_constexpr(c.MT):
-        lw = row_reduce(fx.Float32(res[L0 + m]), operator.add)
-        lds_store(k.stats, ((m * 16 + k.col) * WAVES + k.wave) * 4, fx.Vector.from_elements([lw], dtype=fx.Float32))
-    gpu.barrier()
-    o_rs, mx_rs, sm_rs = (rsrc(outputs[0]), None, None) if const_expr(not c.SPLIT) else tuple(rsrc(t) for t in outputs)
-    for m in range_constexpr(c.MT):
-        l4 = lds_load(k.stats, (m * 16 + k.col) * WAVES * 4, WAVES)
-        total = (fx.Float32(l4[0]) + fx.Float32(l4[1])) + (fx.Float32(l4[2]) + fx.Float32(l4[3]))
-        f = rcp(total)
-        if const_expr(v_scale is not None):
-            f = f * v_scale
-        if const_expr(c.SPLIT):
-            f = fx.Float32(select(total > 0.0, f, fx.Float32(0.0)))  # empty partition row: 0, not 0·inf
-        o = [fx.Vector(res[O0 + m * c.CPW + s]) * splat4(f) for s in range_constexpr(c.CPW)]
-        write_rows(c, o, fx.Float32(res[M0 + m]), total, rows[m], k.slot, k.kvh, part, k.wave, k.grp, num_kv_heads,
-                   o_rs, mx_rs, sm_rs)
-
-
-@device_code
-def workgroup_work(c, work_list):
-    """``(seq, slot, kvh, mgrp, part, listed, live)`` of this workgroup: ``slot`` is where its
-    partials go; with a work list (``c.WL``) workgroup x does entry x, ``(sequence, first tile,
-    end tile, 0)``: ``listed`` is that tile range and ``live`` is False for an empty entry (past
-    the batch's last chunk), which reads no query."""
-    seq, by, part = fx.Int32(gpu.block_id("x")), fx.Int32(gpu.block_id("y")), fx.Int32(gpu.block_id("z"))
-    kvh, mgrp = by // c.MG, by % c.MG
-    slot, listed, live = seq, None, None
-    if const_expr(c.WL):
-        seq = scalar_load(work_list, slot * 4)
-        listed = (scalar_load(work_list, slot * 4 + 1), scalar_load(work_list, slot * 4 + 2))
-        live = listed[0] < listed[1]
-    return seq, slot, kvh, mgrp, part, listed, live
-
-
-@device_code
-def page_readers(c, bt_rs, k_rs, v_rs, seq, max_blocks, last_page, kvh, num_kv_heads, wave, lane, col, grp,
-                 t_start):
-    """``(pages, wp, first_pages)``: the lane's ``LanePages``, its ``WidePages`` for the head_dim
-    split (else None), and tile ``t_start``'s K and V page ids (four V ids for the split)."""
-    pages = LanePages(bt_rs, k_rs, v_rs, seq * max_blocks, last_page, kvh, num_kv_heads, wave, lane, col,
-                      grp, block_size=c.BS, head_dim=c.HD, trans_v=c.trans_v)
-    wp = None
-    if const_expr(c.WIDE):
-        wp = WidePages(bt_rs, k_rs, v_rs, seq * max_blocks, last_page, kvh, num_kv_heads, wave, lane, col, grp,
-                       block_size=c.BS, head_dim=c.HD, trans_v=c.trans_v, cpw=c.CPW)
-        first_pages = [wp.page_id(t_start, wp.k_j)] + wp.v_page_ids(t_start)
-    else:
-        first_pages = [pages.page_id(t_start, pages.k_j), pages.page_id(t_start, pages.v_j)]
-    return pages, wp, first_pages
-
-
-def per_token_slots(k, lds, key_scale, value_scale, wave):
-    """Add the K/V scale buffers (``ks_rs``, ``vs_rs``), the scales' LDS (``sc_lds``) and this
-    wave's slots in it (``sc_k``: its 64 K scales, then ``sc_v``: its 64 V weights) to ``k``."""
-    k.ks_rs, k.vs_rs = rsrc(key_scale), rsrc(value_scale)
-    k.sc_lds = fx.recast_iter(fx.Uint8, lds.scales.ptr)
-    k.sc_k = wave * (2 * WAVE * 4)
-    k.sc_v = k.sc_k + WAVE * 4
+        write_rows(c, o, mx, total, rows[m], seq, kvh, part, wave, grp, num_kv_heads, o_rs, mx_rs,
+                   sm_rs)
 
 
 @device_code
@@ -722,169 +942,11 @@ def resident_loop(c, k, pages, t_start, t_end, first_pages):
         v_page_next = pages.page_id(t + 1, pages.v_j)
         fx.rocdl.sched_barrier(0)  # K (and scales, page ids) ahead of phase A
         tok = t * TILE + k.wave * SPAN + k.grp * 16  # the lane's first token
-        p_all, corr_all, m_new, l_next, v_words, pt = phase_a(c, st, t, tok, k.ctx, k_words, pages, v_page,
-                                                              k.shared, k.lane, k.c_qk, k.hi1, pt_args)
+        p_all, corr_all, m_new, l_next, v_words, pt = phase_a(c, st, t, tok, k.ctx, k_words, pages,
+                                                              v_page, k.shared, k.lane, k.c_qk,
+                                                              k.hi1, pt_args)
         # phase B: every M-tile's P·V on V's registers (V as A, P as B: O is [d, row])
-        o_next = phase_b([st[O0 + i] for i in range_constexpr(MT * NCH)], v_words, p_all, corr_all, pt)
+        o_next = phase_b([st[O0 + i] for i in range_constexpr(MT * NCH)], v_words, p_all, corr_all,
+                         pt)
         res = yield [k_page_next, v_page_next] + o_next + m_new + l_next
     return res
-
-
-def make_kernel(c):
-    """The kernel function of specialization ``c`` (a :class:`Spec`)."""
-    Shared = lds_layout(c)
-
-    def pa_decode_s5(
-        out: fx.Tensor, pmax: fx.Tensor, psum: fx.Tensor, pout: fx.Tensor,
-        query: fx.Tensor, key_cache: fx.Tensor, value_cache: fx.Tensor, block_tables: fx.Tensor,
-        context_lengths: fx.Tensor, work_list: fx.Tensor, key_scale: fx.Tensor, value_scale: fx.Tensor,
-        num_kv_heads: fx.Int32, max_blocks: fx.Int32, q_stride_row: fx.Int32, q_stride_head: fx.Int32,
-        scale_log2: fx.Float32,
-    ):
-        # col: MFMA column = this lane's query row within an M-tile; grp: its 16 tokens of the wave's 64
-        tid, wave, lane, col, grp = lane_coords()
-        seq, slot, kvh, mgrp, part, listed, live = workgroup_work(c, work_list)
-        q_rs, k_rs, v_rs, bt_rs = (rsrc(t) for t in (query, key_cache, value_cache, block_tables))
-        ctx = scalar_load(context_lengths, seq)
-        lds = fx.SharedAllocator().allocate(Shared).peek()
-        shared = fx.recast_iter(fx.Uint8, lds.shared.ptr)
-        rows = query_rows(mgrp, col, c.MT, c.ROWS, c.QL, c.G)
-        k_scale = v_scale = None
-        if const_expr(not c.per_token):
-            k_scale = scalar_load(key_scale, 0).bitcast(fx.Float32)
-            v_scale = scalar_load(value_scale, 0).bitcast(fx.Float32)
-        last_page, t_start, t_end = tile_range(ctx, part, c.BS, c.QL, c.W, c.NP, listed)
-        # the first tile's page ids go out before the query is staged: their wait overlaps the query's
-        pages, wp, first_pages = page_readers(c, bt_rs, k_rs, v_rs, seq, max_blocks, last_page, kvh, num_kv_heads,
-                                              wave, lane, col, grp, t_start)
-        stage_query(c, shared, rows, q_rs, seq, kvh, q_stride_row, q_stride_head, wave, lane, grp, live)
-        c_qk = score_factors(c, shared, lane, scale_log2, k_scale)
-        # causal bound of each row: query qi sits at ctx - QL + qi and sees tokens <= it
-        hi1 = [ctx - (c.QL - 1) + rows[m][1] for m in range_constexpr(c.MT)]
-        k = types.SimpleNamespace(shared=shared, lane=lane, col=col, wave=wave, grp=grp, seq=seq, slot=slot,
-                                  kvh=kvh, ctx=ctx, c_qk=c_qk, hi1=hi1)
-        if const_expr(c.per_token):
-            per_token_slots(k, lds, key_scale, value_scale, wave)
-        outputs = (out,) if const_expr(not c.SPLIT) else (pout, pmax, psum)
-        if const_expr(c.WIDE):  # P·V split by head_dim ("The head_dim split of P·V")
-            k.stats, k.pslab = fx.recast_iter(fx.Uint8, lds.stats.ptr), fx.recast_iter(fx.Uint8, lds.pslab.ptr)
-            res = wide_loop(c, k, wp, t_start, t_end, first_pages)
-            wide_merge_and_write(c, k, res, rows, v_scale, outputs, part, num_kv_heads)
-            return
-        res = resident_loop(c, k, pages, t_start, t_end, first_pages)
-        merge_and_write(c, lds, shared, res, rows, v_scale, outputs, slot, kvh, part, num_kv_heads, wave, lane, col, grp)
-
-    return pa_decode_s5
-
-
-@functools.lru_cache(maxsize=None)
-def build_launcher(arch, block_size, head_dim, group, query_length, q_dtype="f16", per_token=False,
-                   trans_v=True, sliding_window=0, num_partitions=1, m_tiles=None, work_list=False):
-    """The ``@flyc.jit`` launcher for one specialization (every argument is a compile-time constant;
-    the partials of a split are described above; ``work_list``: chapter 6's balanced split)."""
-    c = Spec(arch, block_size, head_dim, group, query_length, q_dtype, per_token, trans_v, sliding_window,
-             num_partitions, m_tiles, work_list)
-    # launch(out, pmax, psum, pout, query, ..., value_scale, num_seqs, num_kv_heads, ..., scale_log2, stream)
-    return jit_launcher(make_kernel(c), grid_yz=lambda a: (a["num_kv_heads"] * c.MG, c.NP))
-
-
-def kernel_args(p, first, query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale):
-    """The launcher's arguments for a validated problem ``p``: ``first`` is ``(out, pmax, psum, pout)``
-    (the unsplit kernel writes only ``out``; a split writes only the partials). The work list's
-    place holds ``context_lengths`` again: only chapter 6's balanced split reads one."""
-    return tuple(first) + (
-        query, key_cache.view(torch.uint8), value_cache.view(torch.uint8), block_tables, context_lengths,
-        context_lengths, key_scale, value_scale, p.num_seqs, p.num_kv_heads, p.max_blocks, query.stride(0),
-        query.stride(1), p.scale_log2,
-    )
-
-
-def check_partial_offsets(p, slots, m_tiles=None, *, split=""):
-    """Refuse a split whose partial outputs (``slots`` per KV head, each ``rows x head_dim`` float32)
-    reach past the kernel's 32-bit byte offsets. ``split`` names it in the error."""
-    rows = plan(p.head_dim, p.group, p.query_length, m_tiles)[0]
-    if slots * p.num_kv_heads * rows * p.head_dim * 4 >= 2**31:
-        raise ValueError(f"num_partitions: {split or f'{slots} partial slots'} needs partial outputs beyond the "
-                         "kernel's 32-bit byte offsets; use fewer partitions")
-    return rows
-
-
-def partial_shapes(p, num_partitions, m_tiles=None):
-    """Shapes of ``(pmax, psum, pout)`` for a split into ``num_partitions``; a split whose byte offsets
-    would not fit the kernel's 32 bits is refused."""
-    rows = check_partial_offsets(p, p.num_seqs * num_partitions, m_tiles,
-                                 split=f"{num_partitions} partitions of {p.num_seqs} sequences")
-    stats = (p.num_seqs, p.num_kv_heads, num_partitions, rows)
-    return stats, stats, stats + (p.head_dim,)
-
-
-def _describe(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale, softmax_scale,
-              query_length, sliding_window, arch, num_partitions, m_tiles):
-    problem.int_option(num_partitions, "num_partitions", 1, LIMITS.max_partitions)
-    if m_tiles is not None:
-        problem.int_option(m_tiles, "m_tiles", 1, LIMITS.max_m_tiles)
-    return problem.describe(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale,
-                            limits=LIMITS, softmax_scale=softmax_scale, query_length=query_length,
-                            sliding_window=sliding_window, arch=arch)
-
-
-def launcher_for(p, num_partitions=1, m_tiles=None, work_list=False):
-    """The compiled-once launcher for a validated problem."""
-    return build_launcher(p.arch, p.block_size, p.head_dim, p.group, p.query_length, p.q_dtype, p.per_token,
-                          p.v_layout == "trans_blocked", p.sliding_window, num_partitions, m_tiles, work_list)
-
-
-def launch_args(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale, *,
-                softmax_scale=None, query_length=None, sliding_window=0, out=None, arch=None,
-                num_partitions=1, m_tiles=None):
-    """``(launcher, args, arch)`` after validation: ``launcher(*args)`` runs the kernel,
-    ``pa_tile.toolchain.compile_isa(launcher, *args, arch=arch)`` shows its assembly. With
-    ``num_partitions`` > 1 the partial buffers are ``args[1:4]`` and ``out`` is unused."""
-    p = _describe(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale,
-                  softmax_scale, query_length, sliding_window, arch, num_partitions, m_tiles)
-    ks, vs = problem.scale_tensors(p, key_scale, value_scale)
-    if num_partitions > 1:
-        shapes = partial_shapes(p, num_partitions, m_tiles)
-        first = (torch.empty(1, dtype=query.dtype, device=query.device),) + tuple(
-            torch.empty(s, dtype=torch.float32, device=query.device) for s in shapes)
-    else:
-        d = torch.empty(1, dtype=torch.float32, device=query.device)
-        first = (problem.output(p, query, out), d, d, d)
-    args = kernel_args(p, first, query, key_cache, value_cache, block_tables, context_lengths, ks, vs)
-    return launcher_for(p, num_partitions, m_tiles), args, p.arch
-
-
-def paged_decode(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale, *,
-                 softmax_scale=None, query_length=None, sliding_window=0, out=None, arch=None, m_tiles=None):
-    """fp8 paged decode attention with MTP and GQA; returns ``out`` (shaped and typed like ``query``).
-
-    ``query`` [num_seqs·query_length, num_q_heads, 64|128|256] f16/bf16 (row ``s·query_length + i`` is
-    query ``i`` of sequence ``s``; rows and heads may be strided); ``key_cache`` blocked
-    [num_blocks, num_kv_heads, head_dim//16, block_size, 16]; ``value_cache`` trans-blocked
-    [num_blocks, num_kv_heads, block_size//16, head_dim, 16] or plain [num_blocks, num_kv_heads,
-    head_dim, block_size]; fp8 e4m3 of the arch (or uint8 codes); ``block_tables`` [num_seqs,
-    max_blocks] int32; ``context_lengths`` [num_seqs] int32 (query_length .. max_blocks·block_size);
-    float32 scales (> 0), both [1] or both [num_blocks, num_kv_heads, block_size]; ``query_length``
-    defaults to rows / num_seqs; ``sliding_window`` as in ``pa_tile.reference`` (0: none);
-    ``m_tiles`` caps the 16-row M-tiles per workgroup (default: all of them, so K and V are read
-    once; P·V is split by head_dim across the waves).
-    Validation: ``pa_tile.problem``.
-    """
-    launcher, args, arch = launch_args(query, key_cache, value_cache, block_tables, context_lengths, key_scale,
-                                       value_scale, softmax_scale=softmax_scale, query_length=query_length,
-                                       sliding_window=sliding_window, out=out, arch=arch, m_tiles=m_tiles)
-    launching.launch(launcher, args, arch=arch)
-    return args[0]
-
-
-def paged_decode_partials(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale, *,
-                          num_partitions, softmax_scale=None, query_length=None, sliding_window=0, arch=None,
-                          m_tiles=None):
-    """The split-K half of chapter 6: ``(pmax, psum, pout)`` of each of ``num_partitions``
-    partitions (layouts and empty-partition values: the notes before ``build_launcher``)."""
-    launcher, args, arch = launch_args(query, key_cache, value_cache, block_tables, context_lengths, key_scale,
-                                       value_scale, softmax_scale=softmax_scale, query_length=query_length,
-                                       sliding_window=sliding_window, arch=arch, num_partitions=num_partitions,
-                                       m_tiles=m_tiles)
-    launching.launch(launcher, args, arch=arch)
-    return args[1], args[2], args[3]
