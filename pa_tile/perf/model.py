@@ -639,9 +639,10 @@ def _accepts(fn, name: str) -> bool:
     return name in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
 
 
-#: bytes of an L2 cache line on CDNA3/CDNA4 ([CDNA3-WP]: 128-byte lines); the vector-memory
-#: addresser is charged per distinct line a wave instruction touches (``line_trace``)
-LINE = 128
+#: bytes of a vL1D / L2 cache line on CDNA3/CDNA4 (its one home: ``pa_tile.emu.memory.LINE_BYTES``,
+#: [CDNA3-WP]/[CDNA4-WP]); the vector-memory addresser is charged per distinct line a wave
+#: instruction touches (``line_trace``)
+from ..emu.memory import LINE_BYTES as LINE  # noqa: E402
 #: [ROCPROF] the vL1D/texture addresser takes one 64-byte request per clock per CU: a wave's
 #: lanes are taken in order, 64 bytes of request (4 lanes of a dwordx4, 16 of a dword) per clock.
 #: ASSUMED from that (the docs give the rate, not this form): each such clock's group of lanes
