@@ -991,7 +991,11 @@ show.md(text)
 #     each wave: O[m][own d-chunks] / sum -> out (query dtype) or split-K partials
 # ```
 #
-# Its figures at block 16, head_dim 128, group 8, `query_length` 1, bf16 query:
+# Its figures at block 16, head_dim 128, group 8, `query_length` 1, bf16 query, just below. After
+# them, what the timing model (chapter 08) predicts for this stage against stage 4 at the shape
+# every chapter ends with: a model, not a measurement. Both loops wait out one memory latency per
+# tile (stage 4 by its K prefetch, this stage by issuing V with K), so they tie there. What M-tiles
+# buy is not in that shape: stage 4 cannot run multi-token decode or groups beyond 16 at all.
 
 # %%
 st_final = compiled("gfx942", 16, 128, 8, 1)
@@ -1004,12 +1008,6 @@ show.measured({
     "configurations meeting upstream's registers, waves and LDS (gfx942)":
         f"{sum(r['meets'] == 'yes' for r in up_rows)} of {len(up_rows)}",
 })
-
-# %% [markdown]
-# What the timing model (chapter 08) predicts for this stage against stage 4, at the shape every
-# chapter ends with. A model, not a measurement: both loops wait out one memory latency per tile
-# (stage 4 by its K prefetch, this stage by issuing V with K), so they tie here. What M-tiles buy
-# is not in this shape: stage 4 cannot run multi-token decode or groups beyond 16 at all.
 
 # %% tags=["nbval-ignore-output"]
 import textwrap  # noqa: E402
