@@ -174,9 +174,10 @@ class _Walker:
         self.hw = hw
         self.t = 0.0
         self.free = {"valu": 0.0, "mfma": 0.0, "lds": 0.0, "ta": 0.0}
-        # the CU's vector-memory addresser serves one 64-byte segment per clock ([ROCPROF]); a
-        # load of ``vmem_segments`` segments, issued alike by the ``ta_share`` waves of the
-        # workgroup, holds it that many times: an uncoalesced load returns that much later
+        # the CU's vector-memory addresser serves one 64-byte request per clock ([ROCPROF]); a
+        # load of ``vmem_segments`` such request-clocks (``vmem_segments``: the name predates the
+        # 128-byte line accounting; it counts addresser clocks), issued alike by the ``ta_share``
+        # waves of the workgroup, holds it that many times: an uncoalesced load returns that much later
         self.ta_cycles = vmem_segments * 64.0 / hw.ta_bytes_per_clk * ta_share
         self.vm: List[Tuple[float, int]] = []    # (completion time, bytes) in issue order
         # the CU keeps at most ``cu_bytes_in_flight`` bytes of vector-memory requests outstanding
@@ -419,7 +420,8 @@ def _is_memory(line: str) -> bool:
 def wave_profile(instrs: Sequence[Tuple[str, str]], hw, *, repeat: int = 1,
                  before: Sequence[Tuple[str, str]] = (), vmem_segments: float = 16.0) -> WaveProfile:
     """Walk ``before`` once, then ``instrs`` ``repeat`` times; the profile of the last repeat.
-    ``vmem_segments``: 64-byte segments per vector load (16: a coalesced wave64 dwordx4)."""
+    ``vmem_segments``: addresser clocks of 64-byte requests per vector load (16: a coalesced
+    wave64 dwordx4; :func:`vmem_segments`)."""
     w = _Walker(_hw.hardware(hw), vmem_segments)
     _walk(w, before)
     prof = WaveProfile()
@@ -490,9 +492,10 @@ def kernel_code(asm_text: str, kernel: Optional[str] = None, *, hw="mi300x", cac
     """Occupancy and the walked main loop / fixed part of one kernel in ``asm_text``.
 
     ``cached``: its global loads hit in L2 / Infinity Cache (``cache_latency_cycles``), as the
-    reduce kernel's re-reads of partials just written do. ``vmem_segments``: 64-byte segments an
-    average vector load touches (the emulator's coalescing figure; 16 = a perfectly coalesced
-    dwordx4 of 64 lanes). ``line_counts``: sampled executions by line (:func:`line_executions`):
+    reduce kernel's re-reads of partials just written do. ``vmem_segments``: the addresser clocks
+    (64-byte requests) an average vector load takes (:func:`vmem_segments`, from the emulator's
+    trace; 16 = a perfectly coalesced dwordx4 of 64 lanes). ``line_counts``: sampled executions
+    by line (:func:`line_executions`):
     the loop's blocks run as often as the sample ran them (:func:`block_frequencies`; a block run
     in a fraction f of iterations is walked in round(k f) of k iterations, averaged over
     :data:`AVERAGE_ITERATIONS` after two warm-up iterations), and a workgroup's last tile walks
