@@ -360,7 +360,12 @@ BLOCK_SALU = ["s_mov_b32 s{d}, {t}", "s_mov_b64 s[{p}:{p1}], s[{q}:{q1}]", "s_ad
               "s_cselect_b64 s[{p}:{p1}], -1, 0", "s_cmp_lt_i32 {t}, s{e}", "s_cmp_eq_u32 s{d}, {t}",
               "s_cmp_lg_u32 {t}, s{e}", "s_cmp_gt_i32 s{e}, {t}", "s_cmp_ge_u32 s{e}, {t}", "s_cmp_le_i32 {t}, s{e}",
               "s_waitcnt lgkmcnt(0)", "s_nop 1", "s_and_b64 exec, exec, s[{p}:{p1}]", "s_mov_b64 exec, s[{q}:{q1}]",
-              "s_or_b64 exec, exec, s[{q}:{q1}]"]
+              "s_or_b64 exec, exec, s[{q}:{q1}]", "s_addc_u32 s{d}, {t}, s{e}", "s_subb_u32 s{d}, {t}, s{e}",
+              "s_and_saveexec_b64 s[{p}:{p1}], s[{q}:{q1}]", "s_or_saveexec_b64 s[{p}:{p1}], -1",
+              "s_andn2_saveexec_b64 s[{p}:{p1}], vcc", "s_xor_saveexec_b64 s[{p}:{p1}], s[{p}:{p1}]",
+              "s_addk_i32 s{d}, 0x7fff", "s_addk_i32 s{d}, 0xfff0", "s_movk_i32 s{d}, 0x8001"]
+BRANCHES = ["s_branch", "s_cbranch_scc0", "s_cbranch_scc1", "s_cbranch_vccz", "s_cbranch_vccnz",
+            "s_cbranch_execz", "s_cbranch_execnz"]
 
 
 def _random_block(rng, n):
@@ -374,6 +379,8 @@ def _random_block(rng, n):
         t = rng.choice([f"s{int(rng.integers(0, 60))}", str(int(rng.integers(-16, 65))), "0x80000000", "0xabcdef"])
         lines.append(form.format(d=d, d1=d + 1, b=b, b1=b + 1, c=c, c1=c + 1, p=p, p1=p + 1, q=q, q1=q + 1,
                                  e=int(rng.integers(0, 60)), s=s, t=t))
+    if rng.random() < 0.5:     # the block ends with a branch over one instruction, taken or not
+        lines += [f"{rng.choice(BRANCHES)} .Lskip", "v_mov_b32_e32 v0, 0x1234", ".Lskip:", "v_add_u32_e32 v1, 1, v1"]
     return "\n".join(lines)
 
 

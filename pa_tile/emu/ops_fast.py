@@ -332,7 +332,11 @@ _OPS = ["nop", "v_mov_b32", "v_not_b32", "v_add_u32", "v_sub_u32", "v_subrev_u32
         "s_cmp_eq_i32", "s_cmp_lg_i32", "s_cmp_gt_i32", "s_cmp_ge_i32", "s_cmp_lt_i32", "s_cmp_le_i32",
         "s_cmp_eq_u32", "s_cmp_lg_u32", "s_cmp_gt_u32", "s_cmp_ge_u32", "s_cmp_lt_u32", "s_cmp_le_u32",
         "valu_f32", "pk_fma", "cvt_pk8", "mfma_fp8", "f_arith", "pk_arith", "cvt_f32_f16",
-        "buffer_load", "ds_read", "ds_write", "s_load"]
+        "buffer_load", "ds_read", "ds_write", "s_load", "s_addc_u32", "s_subb_u32", "saveexec", "branch"]
+_BRANCH_TAKEN = 0xFFFFF      # emu_fastpath.c BRANCH_TAKEN
+_BRANCHES = {"s_branch": 0, "s_cbranch_scc0": 1, "s_cbranch_scc1": 2, "s_cbranch_vccz": 3, "s_cbranch_vccnz": 4,
+             "s_cbranch_execz": 5, "s_cbranch_execnz": 6}
+_SAVEEXEC_KINDS = ("and", "or", "xor", "andn2", "orn2", "nand", "nor", "xnor", "andn1", "orn1")
 _MEMORY = {"buffer_load", "ds_read", "ds_write", "s_load"}
 _ARITH = {"v_add_f32": 0, "v_sub_f32": 1, "v_subrev_f32": 2, "v_mul_f32": 3}
 _PK_ARITH = {"v_pk_add_f32": 0, "v_pk_mul_f32": 3}
@@ -375,6 +379,27 @@ def block_entry(ctx):
         return _ds_entry(ctx, base.startswith("ds_write"))
     if base.startswith("s_load_dword"):
         return _s_load_entry(ctx)
+    if base in _BRANCHES:
+        if len(ops) != 1 or ops[0].kind != "label" or ctx.mods:
+            return None
+        return (OPCODE["branch"], 0, _BRANCHES[base], 0, 0, 0, 0), False
+    if base.endswith("_saveexec_b64") and base[2:-len("_saveexec_b64")] in _SAVEEXEC_KINDS:
+        if len(ops) != 2 or ctx.mods or ops[0].kind != "s" or ops[0].count != 2:
+            return None
+        src = _scalar_src(ops[1], 64)
+        if src is None:
+            return None
+        return (OPCODE["saveexec"], ops[0].index, src[0], 0, 0,
+                _SAVEEXEC_KINDS.index(base[2:-len("_saveexec_b64")]), src[1]), True
+    if base in ("s_addk_i32", "s_movk_i32"):
+        from .ops_salu import _simm16, _sx
+
+        if len(ops) != 2 or ctx.mods or ops[0].kind != "s" or ops[0].count != 1:
+            return None
+        k = _sx(_simm16(ctx, ops[1]), 16) & 0xFFFFFFFF
+        if base == "s_movk_i32":
+            return (OPCODE["s_mov_b32"], ops[0].index, 2, 0, 0, k, 0), _touches_exec(ops[0], 1)
+        return (OPCODE["s_add_i32"], ops[0].index, 1 | (ops[0].index << 8), 2, 0, 0, k), _touches_exec(ops[0], 1)
     if ctx.enc not in ("", "e32", "e64"):
         return None
     if base.startswith("v_"):
@@ -593,16 +618,24 @@ def block_code(program, kernel, arch, code, make_ctx):
         if i not in entries:
             i += 1
             continue
+        if _OPS[entries[i][0][0]] == "branch":
+            i += 1
+            continue
         j = i + 1
         # a memory entry only ever starts a block: when its C path refuses (a fault to report,
-        # lanes out of range, ...), its own handler runs as the instruction the loop is at
+        # lanes out of range, ...), its own handler runs as the instruction the loop is at;
+        # a branch only ever ends one
+        target = None
         while j < n and j in entries and j not in labels and _OPS[entries[j][0][0]] not in _MEMORY:
             j += 1
+            if _OPS[entries[j - 1][0][0]] == "branch":
+                target = make_ctx(j - 1).label(program.instructions[j - 1].operands[0])
+                break
         memory = _OPS[entries[i][0][0]] in _MEMORY
         if j - i >= 2 or memory:
             table = np.array([tuple(_i64(x) for x in entries[k][0]) for k in range(i, j)], INSN)
             sync = any(entries[k][1] for k in range(i, j))
-            out[i] = _block_handler(run_block, pointers, table, j, sync, code[i:j], memory)
+            out[i] = _block_handler(run_block, pointers, table, j, sync, code[i:j], memory, target)
         i = j
     return out
 
@@ -646,7 +679,9 @@ def _memory_context(w):
     return f
 
 
-def _block_handler(run_block, pointers, table, nxt, sync, handlers, memory=False):
+def _block_handler(run_block, pointers, table, nxt, sync, handlers, memory=False, target=None):
+    """One block: the instructions of *table* (ending with a branch to *target*, if given), then
+    the index after them or the branch target."""
     tptr, count, size = table.ctypes.data, len(table), table.itemsize
 
     def h(w, _keep=table):
@@ -655,6 +690,8 @@ def _block_handler(run_block, pointers, table, nxt, sync, handlers, memory=False
             for k, f in enumerate(handlers):
                 r = f(w)
                 if r is not None:
+                    if k == count - 1 and target is not None:
+                        return r            # the final branch, taken
                     raise RuntimeError(f"fast engine: block entry {k} returned {r}")
             return nxt
         if memory:
@@ -675,6 +712,8 @@ def _block_handler(run_block, pointers, table, nxt, sync, handlers, memory=False
                 arr[4] = -1
             if r < 2:
                 return nxt
+            if r >> 1 == _BRANCH_TAKEN:
+                return target
             # entry k left to its own handler: f32 arithmetic on a NaN (the reference decides
             # the payload), or the memory entry that starts this block refusing (its handler
             # faults, reports a race, or handles what C does not); the C code resumes after it

@@ -22,7 +22,7 @@
 #define SGPR_EXEC 126
 
 // Bumped whenever a signature below changes; Python refuses a mismatch.
-EXPORT int pa_fast_abi_version(void) { return 5; }
+EXPORT int pa_fast_abi_version(void) { return 6; }
 
 typedef union { uint32_t u; float f; } f32u;
 typedef union { uint64_t u; double d; } f64u;
@@ -439,7 +439,12 @@ enum {
     // each of these the first entry of its block, so its own handler then runs as that
     // instruction), and s_load_dword*
     B_BUF_LOAD, B_DS_READ, B_DS_WRITE, B_S_LOAD,
+    // SALU with carry in SCC, the saveexec family (d: which), and a branch ending the block (a:
+    // 0 always, 1 scc0, 2 scc1, 3 vccz, 4 vccnz, 5 execz, 6 execnz)
+    B_S_ADDC_U32, B_S_SUBB_U32, B_S_SAVEEXEC, B_BRANCH,
 };
+
+#define BRANCH_TAKEN 0xFFFFF   // returned as (BRANCH_TAKEN << 1) | SCC
 
 // What memory entries need (ops_fast fills it per call): 0 bases, 1 ends, 2 span count, 3 global
 // memory usable (a plain GlobalMemory without over-read slack), 4 region of the last buffer load
@@ -669,6 +674,46 @@ EXPORT int pa_run_block(uint32_t *v, uint32_t *s, const insn_t *code, int n, int
                 done = s_load(s, p->dst, (int)p->c, base + off, ctx);
             }
             if (done != 0) return (scc ? 1 : 0) | ((k + 1) << 1);
+            continue;
+        }
+        if (op == B_S_ADDC_U32 || op == B_S_SUBB_U32) {
+            uint64_t x = sread(s, p->a, p->d, 32), y = sread(s, p->b, p->e, 32), c0 = scc ? 1 : 0;
+            if (op == B_S_ADDC_U32) { swrite(s, p->dst, (x + y + c0) & 0xFFFFFFFFull, 32); scc = x + y + c0 > 0xFFFFFFFFull; }
+            else { swrite(s, p->dst, (x - y - c0) & 0xFFFFFFFFull, 32); scc = y + c0 > x; }
+            continue;
+        }
+        if (op == B_S_SAVEEXEC) {
+            uint64_t x = sread(s, p->a, p->e, 64), e = exec_mask(s), nw;
+            swrite(s, p->dst, e, 64);
+            switch ((int)p->d) {
+            case 0: nw = x & e; break;
+            case 1: nw = x | e; break;
+            case 2: nw = x ^ e; break;
+            case 3: nw = x & ~e; break;
+            case 4: nw = x | ~e; break;
+            case 5: nw = ~(x & e); break;
+            case 6: nw = ~(x | e); break;
+            case 7: nw = ~(x ^ e); break;
+            case 8: nw = ~x & e; break;
+            default: nw = ~x | e; break;
+            }
+            s[SGPR_EXEC] = (uint32_t)nw;
+            s[SGPR_EXEC + 1] = (uint32_t)(nw >> 32);
+            scc = nw != 0;
+            continue;
+        }
+        if (op == B_BRANCH) {
+            int taken;
+            switch ((int)p->a) {
+            case 0: taken = 1; break;
+            case 1: taken = !scc; break;
+            case 2: taken = scc != 0; break;
+            case 3: taken = !(s[106] | s[107]); break;
+            case 4: taken = (s[106] | s[107]) != 0; break;
+            case 5: taken = !(s[SGPR_EXEC] | s[SGPR_EXEC + 1]); break;
+            default: taken = (s[SGPR_EXEC] | s[SGPR_EXEC + 1]) != 0; break;
+            }
+            if (taken) return (scc ? 1 : 0) | (BRANCH_TAKEN << 1);
             continue;
         }
         int rc = 0;
