@@ -220,7 +220,10 @@ def arithmetic_intensity(shape: DecodeShape, *, whole_pages: bool = False) -> fl
 # * AMD Instinct MI355X GPU data sheet (https://www.amd.com/en/products/accelerators/instinct/mi350/mi355x.html):
 #   256 compute units, 2400 MHz peak engine clock, 288 GB HBM3E at 8 TB/s peak bandwidth,
 #   about 5.0 PFLOPS peak dense FP8 (= 256 CUs x 8192 FP8 flops/clock/CU x 2.4 GHz; CDNA 4
-#   doubled the per-CU FP8 matrix rate of CDNA 3).
+#   doubled the per-CU FP8 matrix rate of CDNA 3 with v_mfma_f32_16x16x128_f8f6f4). The
+#   v_mfma_f32_16x16x32_fp8_fp8 pa_tile's kernels issue keeps CDNA 3's 4096 flops/clock/CU on
+#   CDNA 4 (CDNA4 ISA guide: 16 cycles; pa_tile.perf.hw mfma_cycles), so their own fp8 ceiling on
+#   MI355X is half this peak; the roofline keeps the data sheet's figure.
 # * CU counts and architectures also in ROCm's "GPU hardware specifications" table
 #   (https://rocm.docs.amd.com/en/latest/reference/gpu-specs.html).
 # TB/s here is 10^12 bytes per second, as in the data sheets.
