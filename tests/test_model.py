@@ -557,3 +557,17 @@ def test_the_cap_on_bytes_in_flight_is_shared_by_the_resident_workgroups():
     assert capped.predicted_us > base.predicted_us
     assert "bytes_in_flight" in capped.details["round_terms"]
     assert capped.predicted_us >= capped.floor_us
+
+
+def test_mfma_and_transcendental_rates_are_the_isa_guides_not_the_data_sheets():
+    """hw.py's sourced facts: v_mfma_f32_16x16x32_fp8_fp8 is 4 passes (16 cycles) on gfx942 and on
+    gfx950 (CDNA3/CDNA4 ISA guides); MI300X's data-sheet fp8 peak is that instruction's rate, while
+    MI355X's is twice it (v_mfma_f32_16x16x128_f8f6f4's); CDNA4 doubles the transcendental rate."""
+    from pa_tile.perf.roofline import GPUS
+
+    mi300x, mi355x = hw.HARDWARE["mi300x"], hw.HARDWARE["mi355x"]
+    assert mi300x.mfma_cycles == mi355x.mfma_cycles == hw.HARDWARE["mi308x"].mfma_cycles == 16
+    per_cu = lambda h: h.simds_per_cu * 2 * 16 * 16 * 32 // h.mfma_cycles  # noqa: E731
+    assert per_cu(mi300x) == GPUS["MI300X"].fp8_flops_per_clock_per_cu
+    assert 2 * per_cu(mi355x) == GPUS["MI355X"].fp8_flops_per_clock_per_cu
+    assert mi300x.trans_cycles == 4 * mi300x.valu_cycles and mi355x.trans_cycles == mi300x.trans_cycles // 2
