@@ -400,6 +400,8 @@ def block_entry(ctx):
         if base == "s_movk_i32":
             return (OPCODE["s_mov_b32"], ops[0].index, 2, 0, 0, k, 0), _touches_exec(ops[0], 1)
         return (OPCODE["s_add_i32"], ops[0].index, 1 | (ops[0].index << 8), 2, 0, 0, k), _touches_exec(ops[0], 1)
+    if base == "v_cvt_f32_f16" and ctx.enc == "sdwa":
+        return _cvt_f32_f16_sdwa(ctx, ops)
     if ctx.enc not in ("", "e32", "e64"):
         return None
     if base.startswith("v_"):
@@ -460,6 +462,20 @@ def _valu_entry(ctx, base, ops):
         return None
     codes += [0] * (3 - n)
     return (OPCODE[base], ctx.vrow(ops[0]), *codes, 0, 0), False
+
+
+def _cvt_f32_f16_sdwa(ctx, ops):
+    """v_cvt_f32_f16_sdwa with a whole-dword destination: the selected word of the source (as
+    ops_valu._sdwa_src reads it), converted."""
+    m = ctx.mods
+    shift = {"WORD_0": 0, "WORD_1": 16, "DWORD": 0}.get(m.get("src0_sel", "DWORD"))
+    if set(m) - {"src0_sel", "dst_sel", "dst_unused"} or m.get("dst_sel", "DWORD") != "DWORD" or shift is None:
+        return None
+    if len(ops) != 2 or ops[0].kind not in ("v", "a") or ops[0].count != 1 or ops[1].neg or ops[1].abs \
+            or ops[1].sext or ops[1].kind not in ("v", "s"):
+        return None
+    a = src_code(ops[1], "u32")
+    return None if a is None else ((OPCODE["cvt_f32_f16"], ctx.vrow(ops[0]), a, 0, shift, 0, 0), False)
 
 
 def _c_entry(ctx, base, ops):

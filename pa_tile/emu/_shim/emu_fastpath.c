@@ -434,7 +434,7 @@ enum {
     B_VALU_F32, B_PK_FMA, B_CVT_PK8, B_MFMA_FP8,
     // f32 arithmetic as numpy's float32 ufuncs compute it; a NaN input stops the block (numpy's
     // NaN payload choice is left to the reference handler). d: 0 add, 1 sub, 2 subrev, 3 mul
-    B_F_ARITH, B_PK_ARITH, B_CVT_F32_F16,
+    B_F_ARITH, B_PK_ARITH, B_CVT_F32_F16,   // cvt: c = the source word's bit offset (SDWA WORD_1: 16)
     // memory: the single-instruction paths above (a refusal stops the block; ops_fast makes
     // each of these the first entry of its block, so its own handler then runs as that
     // instruction), and s_load_dword*
@@ -617,7 +617,7 @@ EXPORT int pa_run_block(uint32_t *v, uint32_t *s, const insn_t *code, int n, int
                     if (is_nan_bits(a[l]) || is_nan_bits(b[l])) return (scc ? 1 : 0) | ((k + 1) << 1);
                     r[l] = asu(arith((int)p->d, asf(a[l]), asf(b[l])));
                 } else {
-                    uint32_t h = a[l] & 0xFFFF, sign = (h >> 15) << 31, e = (h >> 10) & 0x1F, m = h & 0x3FF;
+                    uint32_t h = (a[l] >> (p->c & 31)) & 0xFFFF, sign = (h >> 15) << 31, e = (h >> 10) & 0x1F, m = h & 0x3FF;
                     if (e == 31 && m) return (scc ? 1 : 0) | ((k + 1) << 1);
                     if (e == 31) r[l] = sign | 0x7F800000u;
                     else if (e == 0) r[l] = sign | asu((float)m * 0x1p-24f);
