@@ -29,6 +29,7 @@ import numpy as np
 
 from . import fastpath
 from . import numerics as nx
+from .memory import GlobalMemory
 from .ops_base import AGPR_BASE, const_bits
 
 #: base mnemonic -> builder(ctx, reference_handler) -> handler
@@ -230,8 +231,6 @@ _DWORD_LOADS = {"buffer_load_dword": 1, "buffer_load_dwordx2": 2, "buffer_load_d
 def _buffer_load(ctx, ref):
     """Untraced MUBUF dword loads whose every active lane is in range and inside the region the
     V#'s base points into (the sanitizer's verdict for them: pass); anything else, the reference."""
-    from .memory import GlobalMemory
-
     m = ctx.mods
     if set(m) - {"offset", "offen", "glc", "slc", "nt", "sc0", "sc1"} or len(ctx.ops) != 4:
         return ref
@@ -663,36 +662,36 @@ def _i64(x: int) -> int:
 
 
 def _memory_context(w):
-    """The ``ctx`` array of ``pa_run_block`` for wave *w* (cached on the wave, refreshed when its
-    memory, LDS, race checker or regions change; the epoch is read at every call)."""
-    from .memory import GlobalMemory
-
+    """The ``ctx`` array of ``pa_run_block`` for wave *w* (cached on the wave, rebuilt when its
+    memory, LDS, race checker or regions change; wave id and epoch are written at every call)."""
     mem, lds, races = w.mem, w.lds, w.races
     f = w.fctx
     if f is None or f[0] is not mem or f[1] is not lds or f[2] is not races or \
             (f[4] is not None and f[4] is not mem._bases):
-        arr = np.zeros(10, np.int64)
-        arr[4] = -1
-        spans_of = None
-        if type(mem) is GlobalMemory and not mem.overread:
-            sp = fastpath.spans(mem)
-            arr[0], arr[1], arr[2], arr[3] = sp[2], sp[3], sp[4], 1
-            spans_of = mem._bases
-        elif mem is not None and hasattr(mem, "_bases"):
-            spans_of = mem._bases
-        lp = fastpath.lds_pointer(lds) if lds is not None else None
-        rp = fastpath.race_pointers(races) if races is not None else None
-        if lp is not None and (races is None or rp is not None):
-            arr[5], arr[6] = lp, lds.limit
-            arr[7] = ctypes.addressof(rp) if rp is not None else 0
-        arr[8] = w.wave_id
-        f = w.fctx = (mem, lds, races, arr, spans_of, arr.ctypes.data)
+        f = w.fctx = _build_memory_context(w, mem, lds, races)
     arr = f[3]
     if races is not None:
         arr[9] = races.epoch
     arr[8] = w.wave_id
-    arr[4] = -1
     return f
+
+
+def _build_memory_context(w, mem, lds, races):
+    arr = np.zeros(10, np.int64)
+    arr[4] = -1
+    spans_of = None
+    if type(mem) is GlobalMemory and not mem.overread:
+        sp = fastpath.spans(mem)
+        arr[0], arr[1], arr[2], arr[3] = sp[2], sp[3], sp[4], 1
+        spans_of = mem._bases
+    elif mem is not None and hasattr(mem, "_bases"):
+        spans_of = mem._bases
+    lp = fastpath.lds_pointer(lds) if lds is not None else None
+    rp = fastpath.race_pointers(races) if races is not None else None
+    if lp is not None and (races is None or rp is not None):
+        arr[5], arr[6] = lp, lds.limit
+        arr[7] = ctypes.addressof(rp) if rp is not None else 0
+    return (mem, lds, races, arr, spans_of, arr.ctypes.data)
 
 
 def _block_handler(run_block, pointers, table, nxt, sync, handlers, memory=False, target=None):

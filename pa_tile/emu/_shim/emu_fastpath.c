@@ -243,7 +243,12 @@ static inline __attribute__((always_inline)) void mfma_fp8(uint32_t *v, const in
     memcpy(v + (size_t)rd * LANES, out, sizeof(uint32_t) * (size_t)c_regs * LANES);
 }
 
-// The two fp8 shapes, with constant sizes (so the loops above vectorize).
+// The two fp8 shapes, with constant sizes (so the loops above vectorize). On x86-64 an AVX2 clone
+// is picked at load time where the CPU has it: wider vectors, the same IEEE double operations
+// (no contraction into fused multiply-adds: -ffp-contract=off), so the same bits.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+__attribute__((target_clones("avx2", "default")))
+#endif
 EXPORT int pa_mfma_fp8(uint32_t *v, int M, int N, int K, int rd, int ra, int rb, int rc, uint32_t cconst,
                        const uint32_t *table, int fp16_ovfl) {
     if (M == 16 && N == 16 && K == 32) mfma_fp8(v, 16, 16, 32, rd, ra, rb, rc, cconst, table, fp16_ovfl);
