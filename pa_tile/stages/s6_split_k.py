@@ -3,7 +3,7 @@
 
 """Stage 6: split-K partitions, the flash-combine reduce, and the finished ``paged_decode``.
 
-Chapter 5's kernel split into partitions (``num_partitions``, or a balanced ``work_list``), the
+Chapter 06's kernel split into partitions (``num_partitions``, or a balanced ``work_list``), the
 reduce that merges their partials (``build_reduce``), the choice of the split
 (``choose_num_partitions``) and the workspace. The public API over them is ``pa_tile.api``.
 """
@@ -20,21 +20,24 @@ import flydsl.expr as fx
 from flydsl.expr import gpu, range_constexpr
 
 from pa_tile import arch as _arch
-from pa_tile.kernel_lib import (LOG2E, TILE, buffer_load, buffer_store, device_code, exp2, fmax, imin, rcp, rsrc,
-                                scalar_load, select, splat4)
+from pa_tile.kernel_lib import (LOG2E, TILE, buffer_load, buffer_store, device_code, exp2, fmax,
+                                imin,
+                                rcp, rsrc, scalar_load, select, splat4)
 from pa_tile.stages import s5_phase_split_mtp as s5
 
 __all__ = ["paged_decode", "launch_args", "build_reduce", "combine_torch", "choose_num_partitions",
-           "choose_num_partitions_budget", "partition_table", "DEFAULT_POLICY", "TRAFFIC_CAP", "split_extra_bytes",
-           "within_traffic_cap", "workspace_size", "carve", "make_workspace", "LIMITS",
-           "MAX_PARTITIONS", "PARTIAL_BYTES_BUDGET", "DEFAULT_SCHEDULE", "SCHEDULES", "chunk_floor",
-           "choose_schedule", "work_entries", "work_list", "work_list_buffers", "reduce_geometry",
-           "load_partition_group", "merge_partition_group", "combine_partitions", "tabled_split"]
+           "choose_num_partitions_budget", "partition_table", "DEFAULT_POLICY",
+           "TRAFFIC_CAP", "split_extra_bytes", "within_traffic_cap", "workspace_size",
+           "carve", "make_workspace", "LIMITS", "MAX_PARTITIONS",
+           "PARTIAL_BYTES_BUDGET", "DEFAULT_SCHEDULE", "SCHEDULES", "chunk_floor",
+           "choose_schedule", "work_entries", "work_list", "work_list_buffers",
+           "reduce_geometry", "load_partition_group", "merge_partition_group",
+           "combine_partitions", "tabled_split"]
 
 
-#: the finished kernel supports what chapter 5's does; the split is what this chapter adds
+#: the finished kernel supports what chapter 06's does; the split is what this chapter adds
 LIMITS = dataclasses.replace(s5.LIMITS, stage="s6")
-#: the largest split chapter 5's kernel accepts
+#: the largest split chapter 06's kernel accepts
 MAX_PARTITIONS = LIMITS.max_partitions
 #: workgroups the heuristic aims for, per CU (see ``choose_num_partitions``)
 WORKGROUPS_PER_CU = 4
@@ -57,18 +60,21 @@ def combine_torch(pmax, psum, pout, query_length, group):
     -> ``[S·query_length, kvh·group, d]``."""
     live = psum > 0
     gmax = torch.where(live, pmax, torch.tensor(float("-inf"))).amax(2, keepdim=True)
-    w = torch.where(live, psum * torch.exp(torch.where(live, pmax - gmax, torch.zeros(()))), torch.zeros(()))
+    w = torch.where(live, psum * torch.exp(torch.where(live, pmax - gmax, torch.zeros(()))),
+                    torch.zeros(()))
     den = w.sum(2)
-    o = (w[..., None] * pout).sum(2) * torch.where(den > 0, 1.0 / den.clamp_min(1e-38), torch.zeros(()))[..., None]
+    o = (w[..., None] * pout).sum(2) * torch.where(den > 0, 1.0 / den.clamp_min(1e-38),
+                                                   torch.zeros(()))[..., None]
     S, kvh, rows, d = o.shape
-    return o.reshape(S, kvh, query_length, group, d).permute(0, 2, 1, 3, 4).reshape(S * query_length, kvh * group, d)
+    return o.reshape(S, kvh, query_length, group,
+                     d).permute(0, 2, 1, 3, 4).reshape(S * query_length, kvh * group, d)
 
 
 def reduce_geometry(head_dim, group, query_length, q_dtype="f16"):
-    """The reduce's compile-time sizes for one (head_dim, group, query_length, query dtype), checked:
-    ``HD``, ``G``, ``QL``; ``ROWS`` query rows per (sequence, KV head); ``LPR`` lanes per row (4
-    channels, one dwordx4, each); ``RPW`` rows per workgroup; ``GRID_Z`` workgroups per (sequence,
-    KV head); ``QDT`` the output dtype."""
+    """The reduce's compile-time sizes for one (head_dim, group, query_length, query dtype),
+    checked: ``HD``, ``G``, ``QL``; ``ROWS`` query rows per (sequence, KV head); ``LPR`` lanes
+    per row (4 channels, one dwordx4, each); ``RPW`` rows per workgroup; ``GRID_Z`` workgroups
+    per (sequence, KV head); ``QDT`` the output dtype."""
     if head_dim % 64 or not 64 <= head_dim <= 256:
         raise ValueError(f"unsupported head_dim={head_dim} (64, 128 or 256)")
     if not (1 <= group <= s5.LIMITS.max_group and 1 <= query_length <= s5.LIMITS.max_query_length):
@@ -76,7 +82,8 @@ def reduce_geometry(head_dim, group, query_length, q_dtype="f16"):
     rows = group * query_length
     lanes = head_dim // 4  # lanes per row: 4 channels (one dwordx4) each
     rows_per_wg = REDUCE_THREADS // lanes
-    return types.SimpleNamespace(HD=head_dim, G=group, QL=query_length, ROWS=rows, LPR=lanes, RPW=rows_per_wg,
+    return types.SimpleNamespace(HD=head_dim, G=group, QL=query_length, ROWS=rows, LPR=lanes,
+                                 RPW=rows_per_wg,
                                  QDT=fx.BFloat16 if q_dtype == "bf16" else fx.Float16,
                                  GRID_Z=(rows + rows_per_wg - 1) // rows_per_wg)
 
@@ -93,7 +100,8 @@ def load_partition_group(c, rsrcs, stat0, stride, zb, hi, d0):
         at = fx.Int32(select(here, i * 4, PAST_PARTIALS))
         maxes.append(buffer_load(mx_rs, at, 1).bitcast(fx.Float32))
         sums.append(buffer_load(sm_rs, at, 1).bitcast(fx.Float32))
-        outs.append(buffer_load(po_rs, fx.Int32(select(here, (i * c.HD + d0) * 4, PAST_PARTIALS)), 4)
+        outs.append(buffer_load(po_rs, fx.Int32(select(here, (i * c.HD + d0) * 4, PAST_PARTIALS)),
+                                4)
                     .bitcast(fx.Float32))
     return maxes, sums, outs
 
@@ -133,7 +141,8 @@ def combine_partitions(c, out, pmax, psum, pout, num_kv_heads, z0, z1, first, st
     init = [ninf, zero, fx.Vector.filled(4, 0.0, fx.Float32)]
     for gi, st in range(0, (hi - lo + (REDUCE_GROUP - 1)) // REDUCE_GROUP, 1, init=init):
         zb = lo + fx.Int32(gi) * REDUCE_GROUP
-        maxes, sums, outs = load_partition_group(c, (mx_rs, sm_rs, po_rs), stat0, stride, zb, hi, d0)
+        maxes, sums, outs = load_partition_group(c, (mx_rs, sm_rs, po_rs), stat0, stride, zb, hi,
+                                                 d0)
         m_new, den, acc = merge_partition_group(st, maxes, sums, outs, ninf, zero)
         res = yield [m_new, den, acc]
     den = fx.Float32(res[1])
@@ -147,44 +156,44 @@ def combine_partitions(c, out, pmax, psum, pout, num_kv_heads, z0, z1, first, st
 
 @functools.lru_cache(maxsize=None)
 def build_reduce(head_dim, group, query_length, q_dtype="f16", balanced=False):
-    """The ``@flyc.jit`` flash-combine launcher ``launch(out, pmax, psum, pout, num_seqs,
-    num_kv_heads, num_partitions)`` for one (head_dim, group, query_length, query dtype).
-
-    Reads chapter 5's partials (``pmax``/``psum`` [S, kvh, NP, rows], ``pout`` [S, kvh, NP, rows,
-    head_dim], float32) and writes ``out`` [S·query_length, kvh·group, head_dim] (contiguous, f16 or
-    bf16): ``M = max_{ℓ>0} m``, ``w = ℓ·exp(m - M)`` (0 where ℓ = 0), ``out = Σ w·o / Σ w`` (0 if Σ w = 0).
-    ``balanced``: the partials of a work list instead (``[entries, kvh, rows(, head_dim)]``, see
-    "Ragged batches"), ``launch(out, pmax, psum, pout, offsets, num_seqs, num_kv_heads)``:
-    sequence s merges entries ``offsets[s] .. offsets[s+1]``.
-    """
+    """The ``@flyc.jit`` flash-combine ``launch(out, pmax, psum, pout, num_seqs, num_kv_heads,
+    num_partitions)`` for one (head_dim, group, query_length, query dtype): partials ``pmax``/
+    ``psum`` [S, kvh, NP, rows], ``pout`` [S, kvh, NP, rows, head_dim] (float32) -> ``out``
+    [S·query_length, kvh·group, head_dim] (f16/bf16) = ``Σ w·o / Σ w``, ``w = ℓ·exp(m - max m)``
+    (live partitions; 0 where ℓ = 0, ``out`` 0 if Σ w = 0). ``balanced``: a work list's partials
+    [entries, kvh, rows(, head_dim)], ``launch(out, pmax, psum, pout, offsets, num_seqs,
+    num_kv_heads)``: sequence s merges entries ``offsets[s] .. offsets[s+1]``."""
     c = reduce_geometry(head_dim, group, query_length, q_dtype)
     ROWS, GRID_Z = c.ROWS, c.GRID_Z
-
     if balanced:
         @flyc.kernel(known_block_size=(REDUCE_THREADS, 1, 1))
         def pa_reduce_s6_listed(out: fx.Tensor, pmax: fx.Tensor, psum: fx.Tensor, pout: fx.Tensor,
                                 offsets: fx.Tensor, num_kv_heads: fx.Int32):
-            combine_partitions(c, out, pmax, psum, pout, num_kv_heads, lambda seq: scalar_load(offsets, seq),
-                               lambda seq: scalar_load(offsets, seq + 1), lambda seq, kvh: kvh * ROWS,
-                               num_kv_heads * ROWS)
+            combine_partitions(c, out, pmax, psum, pout, num_kv_heads,
+                               lambda seq: scalar_load(offsets, seq),
+                               lambda seq: scalar_load(offsets, seq + 1),
+                               lambda seq, kvh: kvh * ROWS, num_kv_heads * ROWS)
 
         @flyc.jit
-        def launch_listed(out: fx.Tensor, pmax: fx.Tensor, psum: fx.Tensor, pout: fx.Tensor, offsets: fx.Tensor,
-                          num_seqs: fx.Int32, num_kv_heads: fx.Int32, stream: fx.Stream = fx.Stream(None)):
+        def launch_listed(out: fx.Tensor, pmax: fx.Tensor, psum: fx.Tensor, pout: fx.Tensor,
+                          offsets: fx.Tensor, num_seqs: fx.Int32, num_kv_heads: fx.Int32,
+                          stream: fx.Stream = fx.Stream(None)):
             pa_reduce_s6_listed(out, pmax, psum, pout, offsets, num_kv_heads).launch(
                 grid=(num_seqs, num_kv_heads, GRID_Z), block=(REDUCE_THREADS, 1, 1), stream=stream)
-
         return launch_listed
 
     @flyc.kernel(known_block_size=(REDUCE_THREADS, 1, 1))
     def pa_reduce_s6(out: fx.Tensor, pmax: fx.Tensor, psum: fx.Tensor, pout: fx.Tensor,
                      num_kv_heads: fx.Int32, num_partitions: fx.Int32):
-        combine_partitions(c, out, pmax, psum, pout, num_kv_heads, lambda seq: 0, lambda seq: num_partitions,
-                           lambda seq, kvh: (seq * num_kv_heads + kvh) * num_partitions * ROWS, ROWS)
+        combine_partitions(c, out, pmax, psum, pout, num_kv_heads, lambda seq: 0,
+                           lambda seq: num_partitions,
+                           lambda seq, kvh: (seq * num_kv_heads + kvh) * num_partitions * ROWS,
+                           ROWS)
 
     @flyc.jit
     def launch(out: fx.Tensor, pmax: fx.Tensor, psum: fx.Tensor, pout: fx.Tensor,
-               num_seqs: fx.Int32, num_kv_heads: fx.Int32, num_partitions: fx.Int32,
+               num_seqs: fx.Int32,
+               num_kv_heads: fx.Int32, num_partitions: fx.Int32,
                stream: fx.Stream = fx.Stream(None)):
         pa_reduce_s6(out, pmax, psum, pout, num_kv_heads, num_partitions).launch(
             grid=(num_seqs, num_kv_heads, GRID_Z), block=(REDUCE_THREADS, 1, 1), stream=stream)
@@ -192,7 +201,8 @@ def build_reduce(head_dim, group, query_length, q_dtype="f16", balanced=False):
     return launch
 
 
-def choose_num_partitions_budget(num_seqs, num_kv_heads, max_context, *, arch, head_dim=128, group=8,
+def choose_num_partitions_budget(num_seqs, num_kv_heads, max_context, *, arch, head_dim=128,
+                                 group=8,
                                  query_length=1, cu_count=None):
     """The rule of thumb (the default before the timing model chose): the split-K partition count.
 
@@ -222,7 +232,8 @@ def choose_num_partitions_budget(num_seqs, num_kv_heads, max_context, *, arch, h
 #: at :data:`TRAFFIC_CAP`), "fastest" (the table uncapped) or "budget" (the rule of thumb above)
 DEFAULT_POLICY = "model"
 #: the "model" policy's split may load at most this many times the call's compulsory bytes
-#: (``pa_tile.perf.tracing.compulsory_bytes``; issue #12: decode is memory-bound, bytes are the metric)
+#: (``pa_tile.perf.tracing.compulsory_bytes``; issue #12: decode is memory-bound, bytes are the
+#: metric)
 TRAFFIC_CAP = 1.05
 #: the first-principles extra bytes of a split (:func:`split_extra_bytes`) times this bound what
 #: the emulator measures a split loading beyond the unsplit call (query and page-id re-reads at
@@ -238,7 +249,8 @@ def partition_table():
     import importlib.resources
     import json
 
-    return json.loads((importlib.resources.files("pa_tile") / "data" / "partition_table.json").read_text())
+    return json.loads((importlib.resources.files(
+        "pa_tile") / "data" / "partition_table.json").read_text())
 
 
 def _nearest(values, x):
@@ -247,38 +259,45 @@ def _nearest(values, x):
     return min(range(len(values)), key=lambda i: abs(math.log(values[i]) - lx))
 
 
-def split_extra_bytes(num_seqs, num_kv_heads, head_dim, group, query_length, num_partitions, query_bytes=2):
+def split_extra_bytes(num_seqs, num_kv_heads, head_dim, group, query_length, num_partitions,
+                      query_bytes=2):
     """Bytes a split into ``num_partitions`` loads beyond the unsplit call, from first principles:
     every partition after the first re-reads its KV head's query rows, and the reduce reads each
     partition's float32 partials back (``rows × (head_dim + 2)``: output, max, sum)."""
     if num_partitions <= 1:
         return 0
     rows = group * query_length
-    per_head = (num_partitions - 1) * rows * head_dim * query_bytes + num_partitions * rows * (head_dim + 2) * 4
+    per_head = (num_partitions
+                - 1) * rows * head_dim * query_bytes + num_partitions * rows * (head_dim + 2) * 4
     return num_seqs * num_kv_heads * per_head
 
 
 @functools.lru_cache(maxsize=1024)  # one shape's bytes, asked once per candidate split
-def _uniform_compulsory_bytes(num_seqs, num_kv_heads, max_context, head_dim, group, query_length, block_size,
+def _uniform_compulsory_bytes(num_seqs, num_kv_heads, max_context, head_dim, group, query_length,
+                              block_size,
                               per_token, query_bytes):
     """``pa_tile.perf.tracing.compulsory_bytes`` with every sequence at ``max_context``."""
     from pa_tile.perf.roofline import DecodeShape
     from pa_tile.perf.tracing import compulsory_bytes
 
     return compulsory_bytes(DecodeShape(
-        batch=num_seqs, context=max(1, max_context), num_q_heads=group * num_kv_heads, num_kv_heads=num_kv_heads,
+        batch=num_seqs, context=max(1, max_context), num_q_heads=group * num_kv_heads,
+        num_kv_heads=num_kv_heads,
         head_dim=head_dim, block_size=block_size, query_length=query_length,
         scales="per-token" if per_token else "per-tensor", query_bytes=query_bytes))
 
 
-def within_traffic_cap(num_seqs, num_kv_heads, max_context, num_partitions, *, head_dim=128, group=8,
+def within_traffic_cap(num_seqs, num_kv_heads, max_context, num_partitions, *, head_dim=128,
+                       group=8,
                        query_length=1, block_size=16, per_token=False, query_bytes=2):
     """Whether a split of ``num_partitions`` keeps the call at or under :data:`TRAFFIC_CAP` x its
     compulsory bytes: the unsplit call taken at its compulsory bytes (every sequence at
     ``max_context``), plus :data:`SPLIT_EXTRA_MARGIN` x :func:`split_extra_bytes`."""
-    extra = SPLIT_EXTRA_MARGIN * split_extra_bytes(num_seqs, num_kv_heads, head_dim, group, query_length,
+    extra = SPLIT_EXTRA_MARGIN * split_extra_bytes(num_seqs, num_kv_heads, head_dim, group,
+                                                   query_length,
                                                    num_partitions, query_bytes)
-    need = _uniform_compulsory_bytes(num_seqs, num_kv_heads, max_context, head_dim, group, query_length,
+    need = _uniform_compulsory_bytes(num_seqs, num_kv_heads, max_context, head_dim, group,
+                                     query_length,
                                      block_size, per_token, query_bytes)
     return extra <= (TRAFFIC_CAP - 1.0) * need
 
@@ -307,8 +326,10 @@ def tabled_split(num_seqs, num_kv_heads, tiles, *, arch, head_dim, group, query_
     return -(-tiles // per), per
 
 
-def choose_num_partitions(num_seqs, num_kv_heads, max_context, *, arch, head_dim=128, group=8, query_length=1,
-                          cu_count=None, policy=None, block_size=16, per_token=False, query_bytes=2):
+def choose_num_partitions(num_seqs, num_kv_heads, max_context, *, arch, head_dim=128, group=8,
+                          query_length=1,
+                          cu_count=None, policy=None, block_size=16, per_token=False,
+                          query_bytes=2):
     """The split-K partition count for a problem shape (1 = no split, no reduce).
 
     ``policy`` (None: :data:`DEFAULT_POLICY`) ``"model"``: the timing model's choice, looked up in
@@ -317,25 +338,30 @@ def choose_num_partitions(num_seqs, num_kv_heads, max_context, *, arch, head_dim
     (:func:`within_traffic_cap`, which reads ``block_size``, ``per_token`` scales and
     ``query_bytes``). ``"fastest"``: the table's count uncapped (at small batches with many query
     rows the model predicts it up to ~1.5x faster, for up to ~1.6x the compulsory bytes: chapter
-    06). ``"budget"``: :func:`choose_num_partitions_budget`, the earlier rule of thumb.
+    07's appendix). ``"budget"``: :func:`choose_num_partitions_budget`, the earlier rule of thumb.
     ``cu_count``: the device's (``pa_tile.backend.cu_count``); None takes the flagship part of
     ``arch`` (``pa_tile.arch``).
     """
     policy = DEFAULT_POLICY if policy is None else policy
     if policy == "budget":
-        return choose_num_partitions_budget(num_seqs, num_kv_heads, max_context, arch=arch, head_dim=head_dim,
-                                            group=group, query_length=query_length, cu_count=cu_count)
+        return choose_num_partitions_budget(num_seqs, num_kv_heads, max_context, arch=arch,
+                                            head_dim=head_dim,
+                                            group=group, query_length=query_length,
+                                            cu_count=cu_count)
     if policy not in ("model", "fastest"):
         raise ValueError(f"policy: expected 'model', 'fastest' or 'budget', got {policy!r}")
     if cu_count is None:
         cu_count = _arch.info(arch).cu_count
     _arch.check_arch(arch)
     tiles = max(1, -(-max_context // TILE))
-    parts, per = tabled_split(num_seqs, num_kv_heads, tiles, arch=arch, head_dim=head_dim, group=group,
+    parts, per = tabled_split(num_seqs, num_kv_heads, tiles, arch=arch, head_dim=head_dim,
+                              group=group,
                               query_length=query_length, cu_count=cu_count)
     if policy == "model":
-        while parts > 1 and not within_traffic_cap(num_seqs, num_kv_heads, max_context, parts, head_dim=head_dim,
-                                                   group=group, query_length=query_length, block_size=block_size,
+        while parts > 1 and not within_traffic_cap(num_seqs, num_kv_heads, max_context, parts,
+                                                   head_dim=head_dim,
+                                                   group=group, query_length=query_length,
+                                                   block_size=block_size,
                                                    per_token=per_token, query_bytes=query_bytes):
             per += 1
             parts = -(-tiles // per)  # the next smaller even split
@@ -351,7 +377,7 @@ SCHEDULES = ("balanced", "uniform")
 def choose_schedule(num_partitions, schedule=None):
     """The layout of a call's work: ``schedule`` if given (``"balanced"`` also balances an
     unsplit call: a work list aiming at one chunk per sequence), else :data:`DEFAULT_SCHEDULE`
-    for a split and ``"uniform"`` (chapter 5's kernel, no reduce) for an unsplit call, whose
+    for a split and ``"uniform"`` (chapter 06's kernel, no reduce) for an unsplit call, whose
     lengths the plan cannot read without a host sync: balancing a batch of short sequences
     would add a partial per sequence, past the traffic cap."""
     if schedule is not None and schedule not in SCHEDULES:
@@ -362,13 +388,17 @@ def choose_schedule(num_partitions, schedule=None):
 def chunk_floor(head_dim, group, query_length, *, block_size=16, per_token=False, query_bytes=2):
     """The fewest 256-token tiles a balanced split's chunk gets: its extra bytes (one more query
     read and one more partial's round trip, :data:`SPLIT_EXTRA_MARGIN` x) at most
-    ``TRAFFIC_CAP - 1`` of its tiles' compulsory bytes (and at least ``MIN_TILES_PER_PARTITION``)."""
+    ``TRAFFIC_CAP - 1`` of its tiles' compulsory bytes (and at least
+    ``MIN_TILES_PER_PARTITION``)."""
     def compulsory(ctx):
-        return _uniform_compulsory_bytes(1, 1, ctx, head_dim, group, query_length, block_size, per_token, query_bytes)
+        return _uniform_compulsory_bytes(1, 1, ctx, head_dim, group, query_length, block_size,
+                                         per_token, query_bytes)
 
     per_tile = compulsory(2 * TILE) - compulsory(TILE)
-    extra = SPLIT_EXTRA_MARGIN * (split_extra_bytes(1, 1, head_dim, group, query_length, 3, query_bytes)
-                                  - split_extra_bytes(1, 1, head_dim, group, query_length, 2, query_bytes))
+    extra = SPLIT_EXTRA_MARGIN * (split_extra_bytes(1, 1, head_dim, group, query_length, 3,
+                                                    query_bytes)
+                                  - split_extra_bytes(1, 1, head_dim, group, query_length, 2,
+                                                      query_bytes))
     return max(MIN_TILES_PER_PARTITION, math.ceil(extra / ((TRAFFIC_CAP - 1.0) * per_tile)))
 
 
@@ -384,7 +414,8 @@ def work_list_buffers(num_seqs, num_partitions, device):
     n = work_entries(num_seqs, num_partitions)
     per_seq = ("tiles", "first", "units", "chunks", "ends")
     b = {k: torch.empty(num_seqs, dtype=torch.int64, device=device) for k in per_seq}
-    b.update({k: torch.empty(n, dtype=torch.int64, device=device) for k in ("seq", "t0", "t1", "gathered")})
+    b.update({k: torch.empty(n, dtype=torch.int64, device=device) for k in ("seq", "t0", "t1",
+                                                                            "gathered")})
     b.update(per=torch.empty(1, dtype=torch.int64, device=device), x=torch.arange(n, device=device),
              live=torch.empty(n, dtype=torch.bool, device=device),
              work=torch.zeros(n, 4, dtype=torch.int32, device=device),
@@ -392,25 +423,31 @@ def work_list_buffers(num_seqs, num_partitions, device):
     return b
 
 
-def work_list(context_lengths, num_partitions, min_tiles, *, query_length=1, sliding_window=0, buffers=None):
+def work_list(context_lengths, num_partitions, min_tiles, *, query_length=1, sliding_window=0,
+              buffers=None):
     """The balanced split of a batch, on ``context_lengths``' device without reading a value on
     the host: ``(work, offsets)``, ``work`` [``work_entries``, 4] int32 rows (sequence, first tile,
-    end tile, 0), ``offsets`` [S + 1] int32 (sequence s owns entries ``offsets[s] .. offsets[s+1]``).
-    Chunks of ``per = max(min_tiles, ceil(total / (S·num_partitions)))`` tiles, the tiles a
-    sliding window skips left out. Every op writes into ``buffers`` (:func:`work_list_buffers`;
-    None: allocated here), so with them given nothing is allocated."""
+    end tile, 0), ``offsets`` [S + 1] int32 (sequence s owns entries
+    ``offsets[s] .. offsets[s+1]``). Chunks of ``per = max(min_tiles, ceil(total /
+    (S·num_partitions)))`` tiles, the tiles a sliding window skips left out. Every op writes
+    into ``buffers`` (:func:`work_list_buffers`; None: allocated here), so with them given
+    nothing is allocated."""
     S = context_lengths.shape[0]
-    b = buffers if buffers is not None else work_list_buffers(S, num_partitions, context_lengths.device)
-    tiles, first, units, chunks, ends, per = (b[k] for k in ("tiles", "first", "units", "chunks", "ends", "per"))
+    b = buffers if buffers is not None else work_list_buffers(S, num_partitions,
+                                                              context_lengths.device)
+    tiles, first, units, chunks, ends, per = (b[k] for k in ("tiles", "first", "units", "chunks",
+                                                             "ends", "per"))
     seq, t0, t1, g, x = (b[k] for k in ("seq", "t0", "t1", "gathered", "x"))
     torch.add(context_lengths, TILE - 1, out=tiles).floor_divide_(TILE)
     if sliding_window > 0:  # as the kernel's tile_range: tiles wholly before every row's window
-        torch.sub(context_lengths, query_length - 1 + sliding_window, out=first).clamp_min_(0).floor_divide_(TILE)
+        torch.sub(context_lengths, query_length - 1 + sliding_window,
+                  out=first).clamp_min_(0).floor_divide_(TILE)
     else:
         first.zero_()
     torch.sub(tiles, first, out=units).clamp_min_(0)
     target = S * num_partitions
-    torch.sum(units, 0, keepdim=True, out=per).add_(target - 1).floor_divide_(target).clamp_min_(min_tiles)
+    torch.sum(units, 0, keepdim=True, out=per).add_(target
+                                                    - 1).floor_divide_(target).clamp_min_(min_tiles)
     torch.add(units, per, out=chunks).sub_(1).floor_divide_(per)
     torch.cumsum(chunks, 0, out=ends)
     torch.searchsorted(ends, x, right=True, out=seq).clamp_max_(S - 1)
@@ -419,21 +456,25 @@ def work_list(context_lengths, num_partitions, min_tiles, *, query_length=1, sli
     torch.index_select(ends, 0, seq, out=t0).sub_(torch.index_select(chunks, 0, seq, out=g))
     torch.sub(x, t0, out=t0).mul_(per).add_(torch.index_select(first, 0, seq, out=g))
     torch.minimum(torch.add(t0, per, out=t1), torch.index_select(tiles, 0, seq, out=g), out=t1)
-    torch.where(torch.lt(x, ends.narrow(0, S - 1, 1), out=b["live"]), t1, t0, out=t1)  # past the last chunk: empty
+    # past the last chunk: empty
+    torch.where(torch.lt(x, ends.narrow(0, S - 1, 1), out=b["live"]), t1, t0, out=t1)
     work, offsets = b["work"], b["offsets"]
-    for col, v in enumerate((seq, t0, t1)):  # add, not copy_: fake cuda tensors take an out= op, not copy_
+    # add, not copy_: fake cuda tensors take an out= op, not copy_
+    for col, v in enumerate((seq, t0, t1)):
         torch.add(v, 0, out=work.select(1, col))
     torch.add(ends, 0, out=offsets.narrow(0, 1, S))
     return work, offsets
 
 
-def workspace_size(num_seqs, num_kv_heads, group, query_length, head_dim, num_partitions, schedule="uniform"):
+def workspace_size(num_seqs, num_kv_heads, group, query_length, head_dim, num_partitions,
+                   schedule="uniform"):
     """float32 elements of the workspace for one problem shape, partition count and schedule
     (1 when ``num_partitions`` is 1: a placeholder the unsplit kernel never touches; a balanced
     split's partials are per work-list entry, ``work_entries`` of them)."""
     if num_partitions <= 1 and schedule != "balanced":
         return 1
-    slots = work_entries(num_seqs, num_partitions) if schedule == "balanced" else num_seqs * num_partitions
+    slots = work_entries(num_seqs,
+                         num_partitions) if schedule == "balanced" else num_seqs * num_partitions
     return slots * num_kv_heads * group * query_length * (head_dim + 2)
 
 
@@ -446,7 +487,8 @@ def carve(workspace, num_seqs, num_kv_heads, rows, head_dim, num_partitions):
             workspace.narrow(0, 2 * n, n * head_dim).view(shape + (head_dim,)))
 
 
-def make_workspace(query, key_cache, block_tables, *, query_length=None, num_partitions=None, arch=None,
+def make_workspace(query, key_cache, block_tables, *, query_length=None, num_partitions=None,
+                   arch=None,
                    schedule=None):
     """A float32 workspace for ``paged_decode`` calls with these shapes (same validation,
     partition choice and schedule as the call: ``pa_tile.api.make_workspace``)."""
@@ -456,20 +498,24 @@ def make_workspace(query, key_cache, block_tables, *, query_length=None, num_par
                               num_partitions=num_partitions, arch=arch, schedule=schedule)
 
 
-def launch_args(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale, **options):
+def launch_args(query, key_cache, value_cache, block_tables, context_lengths, key_scale,
+                value_scale, **options):
     """``(launcher, (), arch)`` after validation: ``launcher()`` runs the partial kernel and, when
     split, the reduce; ``pa_tile.toolchain.compile_isa(launcher, arch=arch)`` returns both kernels'
     assembly (partial kernel first). Options as ``paged_decode``."""
     from pa_tile import api
 
     out = options.pop("out", None)
-    pl = api.plan(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale, **options)
+    pl = api.plan(query, key_cache, value_cache, block_tables, context_lengths, key_scale,
+                  value_scale, **options)
     return pl.pipeline(query, key_cache, value_cache, out=out), (), pl.problem.arch
 
 
-def paged_decode(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale, **options):
+def paged_decode(query, key_cache, value_cache, block_tables, context_lengths, key_scale,
+                 value_scale, **options):
     """The finished kernel, ``pa_tile.paged_decode`` (``pa_tile.api``)."""
     from pa_tile import api
 
-    return api.paged_decode(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale,
+    return api.paged_decode(query, key_cache, value_cache, block_tables, context_lengths, key_scale,
+                            value_scale,
                             **options)
