@@ -349,7 +349,9 @@ BLOCK_VALU = ["v_mov_b32_e32 v{d}, {s}", "v_not_b32_e32 v{d}, {s}", "v_add_u32_e
               "v_pk_add_f32 v[{d}:{d1}], v[{b}:{b1}], v[{c}:{c1}] neg_lo:[1,0] neg_hi:[0,1]",
               "v_pk_mul_f32 v[{d}:{d1}], v[{b}:{b1}], s[{p}:{p1}] op_sel:[1,0]",
               "v_cvt_f32_f16_sdwa v{d}, v{b} dst_sel:DWORD dst_unused:UNUSED_PAD src0_sel:WORD_1",
-              "v_cvt_f32_f16_sdwa v{d}, v{c} dst_sel:DWORD dst_unused:UNUSED_PAD src0_sel:WORD_0"]
+              "v_cvt_f32_f16_sdwa v{d}, v{c} dst_sel:DWORD dst_unused:UNUSED_PAD src0_sel:WORD_0",
+              "ds_bpermute_b32 v{d}, v{b}, v{c}", "ds_bpermute_b32 v{d}, v{b}, v{d} offset:12",
+              "ds_swizzle_b32 v{d}, v{b} offset:swizzle(SWAP,16)", "ds_swizzle_b32 v{d}, v{d} offset:0x8055"]
 BLOCK_SALU = ["s_mov_b32 s{d}, {t}", "s_mov_b64 s[{p}:{p1}], s[{q}:{q1}]", "s_add_u32 s{d}, {t}, s{e}",
               "s_sub_u32 s{d}, {t}, s{e}", "s_add_i32 s{d}, {t}, s{e}", "s_sub_i32 s{d}, {t}, s{e}",
               "s_mul_i32 s{d}, {t}, s{e}", "s_and_b32 s{d}, {t}, s{e}", "s_or_b32 s{d}, {t}, s{e}",

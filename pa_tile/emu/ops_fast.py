@@ -331,7 +331,8 @@ _OPS = ["nop", "v_mov_b32", "v_not_b32", "v_add_u32", "v_sub_u32", "v_subrev_u32
         "s_cmp_eq_i32", "s_cmp_lg_i32", "s_cmp_gt_i32", "s_cmp_ge_i32", "s_cmp_lt_i32", "s_cmp_le_i32",
         "s_cmp_eq_u32", "s_cmp_lg_u32", "s_cmp_gt_u32", "s_cmp_ge_u32", "s_cmp_lt_u32", "s_cmp_le_u32",
         "valu_f32", "pk_fma", "cvt_pk8", "mfma_fp8", "f_arith", "pk_arith", "cvt_f32_f16",
-        "buffer_load", "ds_read", "ds_write", "s_load", "s_addc_u32", "s_subb_u32", "saveexec", "branch"]
+        "buffer_load", "ds_read", "ds_write", "s_load", "s_addc_u32", "s_subb_u32", "saveexec", "branch",
+        "ds_bpermute", "ds_swizzle"]
 _BRANCH_TAKEN = 0xFFFFF      # emu_fastpath.c BRANCH_TAKEN
 _BRANCHES = {"s_branch": 0, "s_cbranch_scc0": 1, "s_cbranch_scc1": 2, "s_cbranch_vccz": 3, "s_cbranch_vccnz": 4,
              "s_cbranch_execz": 5, "s_cbranch_execnz": 6}
@@ -378,6 +379,8 @@ def block_entry(ctx):
         return _ds_entry(ctx, base.startswith("ds_write"))
     if base.startswith("s_load_dword"):
         return _s_load_entry(ctx)
+    if base in ("ds_bpermute_b32", "ds_swizzle_b32"):
+        return _permute_entry(ctx, base, ops)
     if base in _BRANCHES:
         if len(ops) != 1 or ops[0].kind != "label" or ctx.mods:
             return None
@@ -591,6 +594,29 @@ def _s_load_entry(ctx):
     return (OPCODE["s_load"], dst.index, base.index, code, n, add, 0), _touches_exec(dst, n)
 
 
+_SWIZZLES: Dict[int, np.ndarray] = {}
+
+
+def _permute_entry(ctx, base, ops):
+    """ds_bpermute_b32 / ds_swizzle_b32 as ops_ds computes them (register-only: no LDS access)."""
+    from .ops_ds import _swizzle_pattern
+
+    if set(ctx.mods) - {"offset"} or ops[0].kind not in ("v", "a") or ops[0].count != 1:
+        return None
+    off = int(ctx.mods.get("offset", 0))
+    if base == "ds_bpermute_b32":
+        if len(ops) != 3 or any(o.kind not in ("v", "a") or o.count != 1 for o in ops[1:]):
+            return None
+        return (OPCODE["ds_bpermute"], ctx.vrow(ops[0]), ctx.vrow(ops[1]), ctx.vrow(ops[2]), off & 0xFFFFFFFF,
+                0, 0), False
+    if len(ops) != 2 or ops[1].kind not in ("v", "a") or ops[1].count != 1:
+        return None
+    pattern = _SWIZZLES.get(off)
+    if pattern is None:
+        pattern = _SWIZZLES[off] = np.ascontiguousarray(_swizzle_pattern(off), np.uint8)
+    return (OPCODE["ds_swizzle"], ctx.vrow(ops[0]), 0, ctx.vrow(ops[1]), 0, 0, pattern.ctypes.data), False
+
+
 def _pk_sel(ctx):
     m = ctx.mods
     fields = [tuple(m.get(k, (d,) * 3)) + (d,) * 3 for k, d in
@@ -700,7 +726,9 @@ def _block_handler(run_block, pointers, table, nxt, sync, handlers, memory=False
     tptr, count, size = table.ctypes.data, len(table), table.itemsize
 
     def h(w, _keep=table):
-        c = pointers(w)
+        c = w.cptr
+        if c is None or c[0] is not w.v or c[1] is not w.s:
+            c = pointers(w)
         if c is None or (memory and w.trace is not None):   # the instructions one by one
             for k, f in enumerate(handlers):
                 r = f(w)

@@ -22,7 +22,7 @@
 #define SGPR_EXEC 126
 
 // Bumped whenever a signature below changes; Python refuses a mismatch.
-EXPORT int pa_fast_abi_version(void) { return 6; }
+EXPORT int pa_fast_abi_version(void) { return 7; }
 
 typedef union { uint32_t u; float f; } f32u;
 typedef union { uint64_t u; double d; } f64u;
@@ -447,6 +447,10 @@ enum {
     // SALU with carry in SCC, the saveexec family (d: which), and a branch ending the block (a:
     // 0 always, 1 scc0, 2 scc1, 3 vccz, 4 vccnz, 5 execz, 6 execnz)
     B_S_ADDC_U32, B_S_SUBB_U32, B_S_SAVEEXEC, B_BRANCH,
+    // lane permutes through the LDS crossbar (ops_ds): a source lane off in EXEC gives 0.
+    // bpermute: a = address row, b = data row, c = offset; swizzle: b = data row, e = the 64
+    // source lanes (uint8)
+    B_DS_BPERMUTE, B_DS_SWIZZLE,
 };
 
 #define BRANCH_TAKEN 0xFFFFF   // returned as (BRANCH_TAKEN << 1) | SCC
@@ -705,6 +709,18 @@ EXPORT int pa_run_block(uint32_t *v, uint32_t *s, const insn_t *code, int n, int
             s[SGPR_EXEC] = (uint32_t)nw;
             s[SGPR_EXEC + 1] = (uint32_t)(nw >> 32);
             scc = nw != 0;
+            continue;
+        }
+        if (op == B_DS_BPERMUTE || op == B_DS_SWIZZLE) {
+            uint64_t em = exec_mask(s);
+            const uint32_t *data = v + (size_t)p->b * LANES;
+            const uint8_t *pattern = (const uint8_t *)(uintptr_t)p->e;
+            for (int l = 0; l < LANES; l++) {
+                int src = op == B_DS_SWIZZLE ? pattern[l]
+                                             : (int)(((v[(size_t)p->a * LANES + l] + (uint32_t)p->c) >> 2) & 63);
+                r[l] = ((em >> src) & 1) ? data[src] : 0;
+            }
+            write_rows(v, s, p->dst, r);
             continue;
         }
         if (op == B_BRANCH) {
