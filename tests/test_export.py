@@ -46,3 +46,19 @@ def test_stale_module_is_reported(tmp_path, monkeypatch):
     assert any("ipynb is missing" in p for p in problems)
     _export.export_all()
     assert not any("out of date" in p for p in _export.check())
+
+
+def test_a_module_exported_from_several_notebooks_concatenates_them_in_order(tmp_path):
+    first, second = tmp_path / "97_first.py", tmp_path / "appendix_second.py"
+    first.write_text('# %% tags=["export"]\nA = 1\n')
+    second.write_text('# %% tags=["export"]\nB = A + 1\n')
+    src = _export.exported_source(first, second)
+    assert src.startswith("# GENERATED from notebooks/97_first.py, notebooks/appendix_second.py ")
+    assert src.index("A = 1") < src.index("B = A + 1")
+    ns = {}
+    exec(compile(src, "gen", "exec"), ns)
+    assert ns["B"] == 2
+    # the registry's stage 5 is taught over chapters 05 and 06, its baseline in an appendix
+    stems = _export.SOURCES["pa_tile/stages/s5_phase_split_mtp.py"]
+    assert stems == ("05_phase_split_mtp", "06_head_dim_split_pv", "appendix_register_resident_loop")
+    assert {_export.EXPORTS[s] for s in stems} == {"pa_tile/stages/s5_phase_split_mtp.py"}
