@@ -195,7 +195,10 @@ given):
 # gfx950), and every instruction executed. Each stage runs on one sequence of one KV head at 1024
 # and at 2048 tokens; "per tile" figures are the difference divided by 4 tiles, so the prologue and
 # the epilogue cancel. K and V loads are told apart from block-table and query loads by the tensor
-# their addresses fall in. Every traced run is checked against the reference first.
+# their addresses fall in. Every traced run is checked against the reference first. Columns: `instr`,
+# wave-instructions per tile; per K or V load instruction its bytes, the 128-byte lines it touches
+# and the fraction of those lines' bytes it uses; the worst LDS bank-conflict way and the conflict
+# cycles per tile.
 
 # %%
 trace = data["trace"]
@@ -234,10 +237,10 @@ if all(s in trs for s in ("s1", "s2", "s3", "s5", "s6")):
   {min(t["v"]["coalescing"] for t in later):.0%}. Every stage requests exactly the
   {2 * 256 * 128 // 1024} KiB of K and V a tile holds per KV head, each byte once.
 * **LDS.** Stage 1's softmax round trip hits {trs["s1"]["lds_max_degree"]}-way bank conflicts,
-  {trs["s1"]["lds_conflict_cycles_per_tile"]:.0f} stall cycles per tile. Stages 2-4 access LDS
-  only after the loop ({trs["s2"]["lds_conflict_cycles_per_tile"]:.0f} conflict cycles per
-  tile). Stage 5 shares the row max and P through LDS every tile:
-  {trs["s5"]["lds_conflict_cycles_per_tile"]:.0f} conflict cycles per tile,
+  {trs["s1"]["lds_conflict_cycles_per_tile"]:.0f} stall cycles per tile. Stages 2-4 keep the
+  softmax in registers: {trs["s2"]["lds_conflict_cycles_per_tile"]:.0f} conflict cycles per
+  tile, their merge's conflicts after the loop. Stage 5 shares the row max and P through LDS
+  every tile: {trs["s5"]["lds_conflict_cycles_per_tile"]:.0f} conflict cycles per tile,
   {trs["s6"]["lds_conflict_cycles_per_tile"]:.0f} in stage 6.
 * **Executed work.** Stage 1 executes {ipt["s1"]:.0f} wave-instructions per tile, stage 2
   {ipt["s2"]:.0f} ({ipt["s1"] / ipt["s2"]:.1f}x less); stage 3's pipelining adds
@@ -502,7 +505,7 @@ for f in files:
 # paged_decode: plan from shapes (P from the model's table within 1.05x the compulsory bytes)
 #   partial kernel, grid (work-list entries, kv_heads x m_groups), 4 waves x 64 lanes:
 #     stage the query rows in LDS
-#     for each 256-token tile of the entry:     # one memory latency a tile in series
+#     for each 256-token tile of the entry:     # V issued with K: one memory wait a tile
 #       K, V: dwordx4 loads, 1 KiB per wave instruction (blocked K, trans-blocked V)
 #       S = mfma(K, Q^T); mask a boundary tile only
 #       row max across waves in LDS; P = fp8(exp2(S - m)) to the P slab
