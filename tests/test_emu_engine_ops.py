@@ -196,7 +196,7 @@ def _buffer_case(body, arch, engine, offsets, exec_mask, num_records, tensors, s
     mem = GlobalMemory([(data.data_ptr(), 4096, "data"), (other.data_ptr(), 1024, "other")])
     w = Wave(arch)
     w.v[1] = offsets
-    w.v[4:8] = 0xDEADBEEF
+    w.v[4:8] = 0xDEAD0000 + np.arange(4, dtype=np.uint32)[:, None] * 256 + np.arange(64, dtype=np.uint32)
     w.s[8:12] = encode_vsharp(data.data_ptr() + base_skip, num_records)
     w.s[4] = soffset
     w.exec = exec_mask
@@ -217,11 +217,20 @@ BUFFER_FORMS = ["buffer_load_dword v4, v1, s[8:11], 0 offen", "buffer_load_dword
                 "buffer_load_dword v4, v1, s[8:11], 4 offen glc"]
 
 
-@pytest.mark.parametrize("body", BUFFER_FORMS)
+BUFFER_STORES = ["buffer_store_dword v4, v1, s[8:11], 0 offen", "buffer_store_dwordx2 v[4:5], v1, s[8:11], s4 offen",
+                 "buffer_store_dwordx3 v[4:6], v1, s[8:11], s4 offen offset:12",
+                 "buffer_store_dwordx4 v[4:7], v1, s[8:11], s4 offen offset:16",
+                 "buffer_store_dwordx2 v[4:5], off, s[8:11], s4 offset:40"]
+
+
+@pytest.mark.parametrize("body", BUFFER_FORMS + BUFFER_STORES)
 def test_fast_buffer_load_equals_reference(body):
+    """Loads: the registers; stores: the tensor's bytes (lanes colliding on one address: the
+    highest wins); both: GlobalMemory._last and any fault message."""
     import torch
 
     tensors = torch.arange(1024, dtype=torch.int32), torch.full((256,), -7, dtype=torch.int32)
+    pristine = [t.clone() for t in tensors]
     rng = np.random.default_rng(3)
     lanes = np.arange(64, dtype=np.uint32)
     cases = [(lanes * 16, (1 << 64) - 1, 4000),            # in range: the fast path
@@ -237,10 +246,13 @@ def test_fast_buffer_load_equals_reference(body):
         for skip in (64, -64):                            # a base inside / below the tensor
             got = []
             for engine in ("fast", "reference"):
+                for t, p in zip(tensors, pristine):
+                    t.copy_(p)
                 w, mem, fault = _buffer_case(body, "gfx942", engine, offsets, ex, nrec, tensors, base_skip=skip)
-                got.append((w.v[:8].copy(), mem._last, fault))
+                got.append((w.v[:8].copy(), mem._last, fault, [t.clone() for t in tensors]))
             assert np.array_equal(got[0][0], got[1][0]), (body, hex(ex), nrec, skip)
-            assert got[0][1:] == got[1][1:], (body, hex(ex), nrec, skip)
+            assert got[0][1:3] == got[1][1:3], (body, hex(ex), nrec, skip)
+            assert all(torch.equal(a, b) for a, b in zip(got[0][3], got[1][3])), (body, hex(ex), nrec, skip)
 
 
 # --------------------------------------------------------------------------- LDS reads and writes

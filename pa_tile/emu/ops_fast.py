@@ -332,12 +332,12 @@ _OPS = ["nop", "v_mov_b32", "v_not_b32", "v_add_u32", "v_sub_u32", "v_subrev_u32
         "s_cmp_eq_u32", "s_cmp_lg_u32", "s_cmp_gt_u32", "s_cmp_ge_u32", "s_cmp_lt_u32", "s_cmp_le_u32",
         "valu_f32", "pk_fma", "cvt_pk8", "mfma_fp8", "f_arith", "pk_arith", "cvt_f32_f16",
         "buffer_load", "ds_read", "ds_write", "s_load", "s_addc_u32", "s_subb_u32", "saveexec", "branch",
-        "ds_bpermute", "ds_swizzle"]
+        "ds_bpermute", "ds_swizzle", "buffer_store"]
 _BRANCH_TAKEN = 0xFFFFF      # emu_fastpath.c BRANCH_TAKEN
 _BRANCHES = {"s_branch": 0, "s_cbranch_scc0": 1, "s_cbranch_scc1": 2, "s_cbranch_vccz": 3, "s_cbranch_vccnz": 4,
              "s_cbranch_execz": 5, "s_cbranch_execnz": 6}
 _SAVEEXEC_KINDS = ("and", "or", "xor", "andn2", "orn2", "nand", "nor", "xnor", "andn1", "orn1")
-_MEMORY = {"buffer_load", "ds_read", "ds_write", "s_load"}
+_MEMORY = {"buffer_load", "ds_read", "ds_write", "s_load", "buffer_store"}
 _ARITH = {"v_add_f32": 0, "v_sub_f32": 1, "v_subrev_f32": 2, "v_mul_f32": 3}
 _PK_ARITH = {"v_pk_add_f32": 0, "v_pk_mul_f32": 3}
 OPCODE = {n: i for i, n in enumerate(_OPS)}
@@ -373,7 +373,7 @@ def block_entry(ctx):
     base, ops = ctx.base, ctx.ops
     if base in _NOPS:
         return (OPCODE["nop"], 0, 0, 0, 0, 0, 0), False
-    if base in _DWORD_LOADS:
+    if base in _DWORD_LOADS or base in _DWORD_STORES:
         return _buffer_load_entry(ctx)
     if base.startswith(("ds_read_b", "ds_write_b")) and base.rsplit("_", 1)[1] in _DS_DWORDS:
         return _ds_entry(ctx, base.startswith("ds_write"))
@@ -543,7 +543,12 @@ def _salu_entry(base, ops):
         _touches_exec(ops[0], dst_bits // 32)
 
 
+_DWORD_STORES = {"buffer_store_dword": 1, "buffer_store_dwordx2": 2, "buffer_store_dwordx3": 3,
+                 "buffer_store_dwordx4": 4}
+
+
 def _buffer_load_entry(ctx):
+    """MUBUF dword loads and stores (the same operands; a store's first operand is its data)."""
     m = ctx.mods
     if set(m) - {"offset", "offen", "glc", "slc", "nt", "sc0", "sc1"} or len(ctx.ops) != 4:
         return None
@@ -557,8 +562,12 @@ def _buffer_load_entry(ctx):
         soff = 1 | (soffset.index << 8)
     else:
         return None
-    return (OPCODE["buffer_load"], ctx.vrow(dst_o), vaddr.index if offen else -1, soff, srsrc.index,
-            int(m.get("offset", 0)) & 0xFFFFFFFF, _DWORD_LOADS[ctx.base]), False
+    store = ctx.base in _DWORD_STORES
+    nregs = (_DWORD_STORES if store else _DWORD_LOADS)[ctx.base]
+    if dst_o.kind not in ("v", "a") or dst_o.count != nregs:
+        return None
+    return (OPCODE["buffer_store" if store else "buffer_load"], ctx.vrow(dst_o), vaddr.index if offen else -1,
+            soff, srsrc.index, int(m.get("offset", 0)) & 0xFFFFFFFF, nregs), False
 
 
 def _ds_entry(ctx, write):

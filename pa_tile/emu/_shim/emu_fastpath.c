@@ -22,7 +22,7 @@
 #define SGPR_EXEC 126
 
 // Bumped whenever a signature below changes; Python refuses a mismatch.
-EXPORT int pa_fast_abi_version(void) { return 7; }
+EXPORT int pa_fast_abi_version(void) { return 8; }
 
 typedef union { uint32_t u; float f; } f32u;
 typedef union { uint64_t u; double d; } f64u;
@@ -298,6 +298,41 @@ EXPORT int pa_buffer_load(uint32_t *v, const uint32_t *s, int dst, int nregs, in
     return region;
 }
 
+// buffer_store_dword{,x2,x3,x4}: as pa_buffer_load, the other way (memory.buffer_store); lanes
+// storing to the same bytes: the highest lane wins, as numpy's assignment in lane order.
+EXPORT int pa_buffer_store(const uint32_t *v, const uint32_t *s, int src, int nregs, int vrow, uint32_t inst,
+                           int64_t soff_code, int ri, const uint64_t *bases, const uint64_t *ends, int nspans) {
+    uint64_t em = exec_mask(s);
+    if (!em) return -2;
+    uint32_t w0 = s[ri], w1 = s[ri + 1], w2 = s[ri + 2], w3 = s[ri + 3];
+    if ((w1 >> 31) & 1) return -1;
+    if ((w3 >> 23) & 1) return -1;
+    uint64_t base = (uint64_t)w0 | ((uint64_t)(w1 & 0xFFFF) << 32), num_records = w2;
+    uint64_t soff = ((soff_code & 3) == 1) ? s[(soff_code >> 8) & 0xFFFF] : (uint32_t)((uint64_t)soff_code >> 32);
+    uint64_t nbytes = (uint64_t)nregs * 4;
+    int region = -1;
+    for (int i = 0; i < nspans; i++)
+        if (bases[i] <= base && base < ends[i]) { region = i; break; }
+    if (region < 0) return -1;
+    uint64_t rb = bases[region], re = ends[region];
+    uint64_t addr[LANES];
+    for (int l = 0; l < LANES; l++) {
+        if (!((em >> l) & 1)) continue;
+        uint64_t off = (uint64_t)(vrow >= 0 ? v[(size_t)vrow * LANES + l] : 0) + inst;
+        if (off > 0xFFFFFFFFull || off + soff + nbytes > num_records) return -1;
+        uint64_t a = base + soff + off;
+        if (a < rb || a + nbytes > re) return -1;
+        addr[l] = a;
+    }
+    for (int l = 0; l < LANES; l++) {
+        if (!((em >> l) & 1)) continue;
+        uint32_t words[4];
+        for (int k = 0; k < nregs; k++) words[k] = v[(size_t)(src + k) * LANES + l];
+        memcpy((void *)(uintptr_t)addr[l], words, (size_t)nbytes);
+    }
+    return region;
+}
+
 // ---------------------------------------------------------------- LDS dword reads/writes (ops_ds, memory.LDS)
 
 // The race checker's per-byte arrays (ops_ds.LdsRaceChecker), in this order.
@@ -451,6 +486,7 @@ enum {
     // bpermute: a = address row, b = data row, c = offset; swizzle: b = data row, e = the 64
     // source lanes (uint8)
     B_DS_BPERMUTE, B_DS_SWIZZLE,
+    B_BUF_STORE,      // as B_BUF_LOAD (a memory entry)
 };
 
 #define BRANCH_TAKEN 0xFFFFF   // returned as (BRANCH_TAKEN << 1) | SCC
@@ -659,8 +695,20 @@ EXPORT int pa_run_block(uint32_t *v, uint32_t *s, const insn_t *code, int n, int
             write_rows(v, s, p->dst + 1, hi);
             continue;
         }
-        if (op >= B_BUF_LOAD && op <= B_S_LOAD) {
+        if ((op >= B_BUF_LOAD && op <= B_S_LOAD) || op == B_BUF_STORE) {
             int done = -1;
+            if (op == B_BUF_STORE) {
+                done = -1;
+                if (ctx[CX_MEM_OK]) {
+                    done = pa_buffer_store(v, s, p->dst, (int)p->e, (int)p->a, (uint32_t)p->d, p->b, (int)p->c,
+                                           (const uint64_t *)(uintptr_t)ctx[CX_BASES],
+                                           (const uint64_t *)(uintptr_t)ctx[CX_ENDS], (int)ctx[CX_NSPANS]);
+                    if (done >= 0) ctx[CX_LAST] = done;
+                    done = done == -1 ? -1 : 0;
+                }
+                if (done != 0) return (scc ? 1 : 0) | ((k + 1) << 1);
+                continue;
+            }
             if (op == B_BUF_LOAD && ctx[CX_MEM_OK]) {
                 done = pa_buffer_load(v, s, p->dst, (int)p->e, (int)p->a, (uint32_t)p->d, p->b, (int)p->c,
                                       (const uint64_t *)(uintptr_t)ctx[CX_BASES], (const uint64_t *)(uintptr_t)ctx[CX_ENDS],
