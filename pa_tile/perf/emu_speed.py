@@ -276,8 +276,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--context", type=int, default=DEFAULT_SHAPE["context"])
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--large", action="store_true",
-                   help="also run 16 sequences x 4096 tokens, 8 query heads (about a minute per arch and stage "
-                        "with the reference engine)")
+                   help="also run 16 sequences x 4096 tokens, 8 query heads (about 12x today's work per launch; "
+                        "slow with the reference engine)")
     p.add_argument("--repeat", type=int, default=3, help="timed launches per engine (the best is reported)")
     p.add_argument("--json", action="store_true", help="print JSON (one object per engine run) instead of a table")
     args = p.parse_args(argv)
