@@ -24,7 +24,7 @@
 # **You need** chapters 01 to 07 (the stages measured here) and the roofline model (bytes, flops,
 # bandwidth).
 #
-# **Runs on** the CPU (compiler, emulator and timing model), about 2 minutes; the timing
+# **Runs on** the CPU (compiler, emulator and timing model), about a minute; the timing
 # section needs a ROCm GPU and says so without one.
 #
 # Every stage the checkout contains is measured with the same yardsticks, in tiers that need

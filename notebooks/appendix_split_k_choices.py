@@ -20,7 +20,7 @@
 # workgroup. Every time here is a PREDICTION of `pa_tile.perf.model`, not a measurement, except
 # the seed kernel's quoted times, which are measurements of upstream's kernel. Runs on the CPU
 # (the model samples its kernels in the emulator; on a GPU those cells say so), in about
-# 3 minutes.
+# 1 minute.
 
 # %%
 import matplotlib.pyplot as plt
