@@ -518,8 +518,8 @@ show.md(f"""
 
 
 # %% [markdown]
-# **Choice: prefetch on** (the default). Per wave, chapter 02's loop requests 16 KB of K and V at
-# the top of a tile and then nothing. The pipelined loop also keeps the next tile's 8 KB of K in
+# **Choice: prefetch on** (the default). Per wave, chapter 02's loop requests 16 KiB of K and V at
+# the top of a tile and then nothing. The pipelined loop also keeps the next tile's 8 KiB of K in
 # flight through the whole iteration. The emulator has no clock, so it cannot time this;
 # `python -m pa_tile bench` does, on a GPU. The seed kernel measured the same trade:
 

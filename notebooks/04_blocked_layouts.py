@@ -236,7 +236,7 @@ show.md(seed_history.table("ecbc2d6b", "blocked V-cache layout"))
 # %% [markdown]
 # ## The kernel
 #
-# Stage 3's kernel with the blocked addressing and the widened scope. Nothing of chapter 2's
+# Stage 3's kernel with the blocked addressing and the widened scope. Nothing of chapter 02's
 # building blocks is rewritten: they live in `pa_tile.kernel_lib` and take, as parameters,
 # what this chapter changes. `Pages` takes the layouts (`k_blocked`, `v_trans`): a K row's
 # slots are 16 bytes apart and its 16-channel chunks `16·block` bytes apart, instead of
@@ -303,7 +303,7 @@ source(kernel_lib.Pages.__init__)
 
 
 # %% [markdown]
-# The loads are chapter 2's, unchanged: they read only those fields, `k` stepping by `k_row`
+# The loads are chapter 02's, unchanged: they read only those fields, `k` stepping by `k_row`
 # and `k_chunk` in immediate offsets, `v` by the chunk offsets in SGPRs. (`page_id` and
 # `slab` do not depend on the layout.)
 
@@ -334,7 +334,7 @@ source(kernel_lib.softmax_step)
 
 # %% [markdown]
 # `merge_waves` takes the stride of the (max, sum) table's head rows (`stride`, in words). The
-# library's default, 4, is the unpadded table of chapters 2 and 3; this stage passes its
+# library's default, 4, is the unpadded table of chapters 02 and 03; this stage passes its
 # `stats_stride`, 5 by default: the padding that removes a bank conflict, explained below.
 
 
@@ -343,7 +343,7 @@ source(kernel_lib.merge_waves)
 
 
 # %% [markdown]
-# Its exchange is `kernel_lib.exchange`, unchanged here; chapter 5 runs it with fewer slots per
+# Its exchange is `kernel_lib.exchange`, unchanged here; the finished kernel runs it with fewer slots per
 # round (`slots`), sized to the LDS region it reuses for it.
 
 
@@ -406,7 +406,7 @@ def merge_lds(stats_stride, nj):
 
 
 # %% [markdown]
-# The kernel reads its compile-time sizes from one namespace per specialization (chapter 5 turns
+# The kernel reads its compile-time sizes from one namespace per specialization (chapter 05 turns
 # it into a class, `Spec`): the merge's LDS and its table stride, the block, head and group sizes,
 # the scale kind, the V layout, fp8's range, the d-chunks of O and the 64-channel halves of K.
 
@@ -455,7 +455,7 @@ def query_and_factor(c, q_rs, seq, kvh, col, grp, q_seq_stride, q_head_stride, k
 
 # %% [markdown]
 # Where the lane's K, V and per-token scales are (`ScaledPages` on the blocked layouts), and what
-# chapter 3's pipelined loop carries into its first trip: tile 0's K, already loaded, tile 1's K
+# chapter 03's pipelined loop carries into its first trip: tile 0's K, already loaded, tile 1's K
 # page and tile 0's V page, then the empty softmax state.
 
 
@@ -482,7 +482,7 @@ def first_loop_state(pages, nj):
 
 
 # %% [markdown]
-# The kernel: the setup (the query read through its two strides, the score scale), chapter 3's
+# The kernel: the setup (the query read through its two strides, the score scale), chapter 03's
 # pipelined loop, the merge with the padded table and the stores in the query's dtype. Per token,
 # V's scales become P's weights `v_scale / max(v_scale)`, with the max passed in as `v_norm`.
 
@@ -602,7 +602,7 @@ def paged_decode(query, key_cache, value_cache, block_tables, context_lengths, k
 # %% [markdown]
 # ## The kernel's arithmetic, written out
 #
-# Chapter 2's torch model of the roundings, extended to the widened scope.
+# Chapter 02's torch model of the roundings, extended to the widened scope.
 
 
 # %% tags=["export"]
@@ -716,7 +716,7 @@ print(format_table(merge_rows) if EMU else NO_TRACE)
 #
 # The widened matrix on both archs: block 16/64 × head_dim 64/128 × {f16 per-tensor, f16
 # per-token, bf16 per-token} on trans-blocked V, plus bf16 per-tensor on plain V; contexts 1,
-# 17, 256, 1027, shuffled pages, `-1` in unused block-table entries. Checked as in chapter 2:
+# 17, 256, 1027, shuffled pages, `-1` in unused block-table entries. Checked as in chapter 02:
 # against the float32 reference within the fp8 bound (`case.error_bound()`), and against
 # `numerics_model` (the same roundings in torch) `2·10⁻⁴ + 1 ulp` of the output dtype. One row
 # per (arch, block, head_dim); the four middle columns are the worst `err / bound` of each
@@ -766,8 +766,8 @@ assert all(good)
 
 
 # %% [markdown]
-# On chapter 3's scope (f16, head_dim 128, per-tensor) the output is **bit-identical** to
-# chapter 3's kernel, for both V layouts: the layouts change addresses, not arithmetic. And a
+# On chapter 03's scope (f16, head_dim 128, per-tensor) the output is **bit-identical** to
+# chapter 03's kernel, for both V layouts: the layouts change addresses, not arithmetic. And a
 # query that is a slice of a fused QKV tensor gives the same output as its contiguous copy:
 
 

@@ -92,11 +92,11 @@ def test_03_the_query_read_element_by_element_is_eight_ushort_loads():
 
 
 def test_03_the_loop_issues_8_kib_of_k_and_8_of_v_per_wave():
-    """Prose: 16 KB of K and V at the top of a chapter-02 tile, the next tile's 8 KB of K; K is
+    """Prose: 16 KiB of K and V at the top of a chapter-02 tile, the next tile's 8 KiB of K; K is
     8 `dwordx4`, 32 registers per lane. The loop's rows of the traced tile: 8 instructions of
     1024 bytes each for V, and 8 for the (clamped) next K."""
     prose = _prose(CH03)
-    assert "16 KB of K and V" in prose and "next tile's 8 KB of K" in prose
+    assert "16 KiB of K and V" in prose and "next tile's 8 KiB of K" in prose
     assert "(8 `dwordx4`, 32 registers per lane)" in prose
     loop = [r for r in _table(CH03, ["phase", "mnemonic", "instrs"])
             if r["phase"] == "loop" and r["mnemonic"] == "buffer_load_dwordx4"]
@@ -163,6 +163,6 @@ def test_04_the_padded_table_is_read_back_with_read2_not_b128():
 
 
 def test_04_blocked_layouts_change_addresses_not_arithmetic():
-    assert "the output is **bit-identical** to chapter 3's kernel, for both V layouts" in _prose(CH04)
+    assert "the output is **bit-identical** to chapter 03's kernel, for both V layouts" in _prose(CH04)
     text = _output_with(CH04, "stage 3 == stage 4")
     assert text.count("True") == 3 and "False" not in text
