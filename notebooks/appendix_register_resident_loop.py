@@ -327,7 +327,8 @@ show.md(f"""
 # | 16 P values after the pack (summed only after the P·V MFMAs) | 16 | 0: summed first |
 # | per-token: 16 K scales + 16 V scales per lane | 32 | 1 + 1 (the rest in LDS, 4 read at a time) |
 #
-# The three changes, all still in both loops:
+# The three changes, all still in the register-resident loop (the head_dim split keeps the second
+# and third, and issues V with K wherever its registers allow: chapter 06):
 #
 # 1. **V after phase A.** Issued with K, V's latency hid behind phase A, but K, V, O and Q were all
 #    in registers at once. Issued after the score MFMAs, V lands in the registers K just freed.

@@ -984,7 +984,8 @@ def head_dim_split_timeline(m_tiles: int = 4, group: int = 4, v_with_k: bool = F
     handles += [plt.Line2D([], [], ls="-", color=OKABE_ITO[5], lw=2, label="s_barrier (whole workgroup)")]
     ax.legend(handles=handles, fontsize=FONT, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.08))
     v_when = "V issued with K" if v_with_k else "V issued after the first group's scores"
-    _style(ax, f"One tile of the loop: {m_tiles} M-tiles, {group} per phase group, {v_when}", None, None)
+    _style(ax, f"One tile of the loop: {m_tiles} M-tiles, {min(group, m_tiles)} per phase group, {v_when}",
+           None, None)
     ax.set_xlabel("issue order (schematic, not to scale) →", fontsize=FONT)
     fig.tight_layout()
     return fig
