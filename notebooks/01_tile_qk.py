@@ -799,7 +799,7 @@ print(format_table(patterns) if patterns else "memory traces are recorded only b
 # The seed kernel's history quotes no time for a kernel like this one, so this chapter shows no
 # measured effect; chapter 02 has the first.
 
-# %%
+# %% tags=["nbval-ignore-output"]
 def pattern(instruction, *, lds=False):
     """The access pattern of the busiest row of one instruction in the table above."""
     rows = [r for r in patterns if r["instruction"] == instruction and (r["space"] == "lds") == lds]
@@ -840,7 +840,7 @@ Per execution, from the trace: the K and V gathers (`buffer_load_dwordx2`) touch
 # Next: chapter 02 keeps the scores and `P` in registers, and the loop loses its LDS round trips
 # and barriers.
 
-# %%
+# %% tags=["nbval-ignore-output"]
 k_gather = [r for r in patterns if r["instruction"] == "buffer_load_dwordx2"]
 show.measured({
     "VGPRs (gfx942 / gfx950)": f"{stats['gfx942'].vgpr_unified} / {stats['gfx950'].vgpr_unified}",
