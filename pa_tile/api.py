@@ -10,7 +10,7 @@
 from the shapes and the device's CU count, lays a balanced split's work out from the context
 lengths (``Plan.refresh`` does it again after they change in place), and carves the workspace;
 ``Plan.run`` only checks that the tensors it is given match the plan (metadata, no values: no
-host sync), then launches chapter 5's kernel (and chapter 6's reduce when split) through
+host sync), then launches chapters 05-06's kernel (and chapter 07's reduce when split) through
 ``pa_tile.launching`` (compiled once, on torch's current stream). With ``out=`` given ``run``
 allocates nothing, so it can be captured in a CUDA/HIP graph. ``paged_decode`` is the one-shot call built on the same pieces.
 
@@ -33,7 +33,7 @@ from pa_tile.stages import s6_split_k as s6
 
 __all__ = ["plan", "Plan", "paged_decode", "make_workspace", "workspace_size", "choose_num_partitions", "LIMITS"]
 
-#: what the finished kernel supports (chapter 6's stage limits)
+#: what the finished kernel supports (chapter 07's stage limits)
 LIMITS = s6.LIMITS
 choose_num_partitions = s6.choose_num_partitions
 

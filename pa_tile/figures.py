@@ -1026,7 +1026,7 @@ def work_layouts(tiles: Sequence[int], layouts: Mapping[str, Sequence[Sequence[t
     """Which workgroup walks each tile of a ragged batch, one panel per layout.
 
     ``tiles[s]``: sequence s's 256-token tiles; ``layouts[name][s]``: its workgroups as ``(first
-    tile, end tile)`` ranges (chapter 6 computes them: the uniform split and the work list). The
+    tile, end tile)`` ranges (chapter 07 computes them: the uniform split and the work list). The
     panel's title names its busiest workgroup: the launch lasts at least as long as it does."""
     plt = _plt()
     fig, axes = plt.subplots(len(layouts), 1, figsize=(WIDTH, (0.28 * len(tiles) + 0.9) * len(layouts)),

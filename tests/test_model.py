@@ -87,7 +87,7 @@ def test_split_adds_a_reduce_and_a_launch():
 
 
 def test_the_reduce_is_charged_one_loop_iteration_per_group_of_partitions():
-    """The reduce's loop merges ``items_per_iteration`` partitions (chapter 6's ``REDUCE_GROUP``)
+    """The reduce's loop merges ``items_per_iteration`` partitions (chapter 07's ``REDUCE_GROUP``)
     an iteration: 16 partitions in groups of 4 cost 4 iterations, as many as 4 partitions one at
     a time; the seed versions' reduce (the default, 1) one per partition."""
     s = DecodeShape(batch=1, context=16384, num_q_heads=8, num_kv_heads=1)
@@ -273,7 +273,7 @@ def test_a_stage_is_predicted_with_the_split_it_would_pick_on_that_device():
         picks[gpu] = model._stage_partitions("s6", shape, "gfx942", cus)
         assert picks[gpu] == s6.choose_num_partitions(128, 1, 16384, arch="gfx942", cu_count=cus)
     assert picks["mi308x"] != picks["mi300x"]
-    assert model._stage_partitions("s4", shape, "gfx942", 80) == 1  # no split before chapter 6
+    assert model._stage_partitions("s4", shape, "gfx942", 80) == 1  # no split before chapter 07
 
 
 def test_mva_round_bounds_and_monotonicity():

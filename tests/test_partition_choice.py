@@ -38,7 +38,7 @@ def test_pinned_model_choices(arch):
     # kernel's 64: past that the reduce's grouped loads and the partials' bytes win nothing
     # (predicted on MI300X 506 us unsplit, 47.3 at 22, 41.2 at 32, 39.6 at 43, 41.3 at 64; MI355X
     # 431 / 39.1 / 33.8 / 32.6 / 32.3, 64 within MIN_GAIN). Before the reduce waited once per four
-    # partitions (chapter 6), its per-partition wait held this at 22 (MI300X) and 32 (MI355X)
+    # partitions (chapter 07), its per-partition wait held this at 22 (MI300X) and 32 (MI355X)
     assert s6.choose_num_partitions(1, 8, 32768, arch=arch) == 43
     # nothing to split
     assert s6.choose_num_partitions(1, 1, 256, arch=arch) == 1

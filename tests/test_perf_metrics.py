@@ -85,7 +85,7 @@ EXPECTED = {
     # descriptors and partial store, and the reduce). LDS: the max table's 8 conflict cycles a
     # tile, and the row sums' 8 (the same table after the loop) once per partition, (3 - 2)
     # partitions over 4 tiles: 10 a tile. Laid out as the balanced work list (the default since
-    # chapter 6's "Ragged batches"). The reduce merging four partitions a loop iteration (one
+    # chapter 07's "Ragged batches"). The reduce merging four partitions a loop iteration (one
     # pass; before, two passes of one each) and V with K: 1197 / 1243 -> 1135 / 1184 per tile; the
     # first tile's page ids before the query's staging, as in s5: 1147 / 1197.
     ("s6", "gfx942"): dict(loop_static=412, per_tile=1147, k_coalescing=0.500, v_coalescing=1.000,

@@ -267,7 +267,7 @@ def test_partitions_write_partial_softmax_stats(arch, ql, g, device):
     floor = reference.P_FLOOR[case.fp8_format] / case.fp8_max * seen[..., None] * vmax
     bound = (qout - rout).abs() + (2.0**-4 + 2.0**-8) * qabs + floor
     assert ((pout[live] - rout[live]).abs() <= bound[live]).all()
-    # the flash-combine of chapter 6, in torch, lands on the reference
+    # the flash-combine of chapter 07, in torch, lands on the reference
     gmax = pmax.amax(2, keepdim=True)
     w = psum * torch.exp(pmax - gmax)
     comb = (pout * w[..., None]).sum(2) / w.sum(2)[..., None]  # [S, kvh, rows, d]
@@ -401,7 +401,7 @@ def test_head_dim_256_resources(key):
 def test_the_first_tiles_page_ids_load_before_the_query_is_staged(arch):
     """Chapter 5, "When to load V": the first tile's K and four V page ids are issued before the
     query's loads, so their latency runs alongside the query's instead of after the staging barrier
-    (one memory wait a workgroup; chapter 6's short workgroups pay it once each)."""
+    (one memory wait a workgroup; chapter 07's short workgroups pay it once each)."""
     case = cache.make_case(1, 8, 1, 128, 16, 20, fp8_format=FMT[arch], query_dtype=torch.float16)
     launcher, args, arch = s5.launch_args(*_args(case), arch=arch, num_partitions=2)
     asm = toolchain.compile_isa(launcher, *args, arch=arch)

@@ -36,7 +36,7 @@ A workgroup of ``T`` tiles takes ``T * round + F`` (``F``: its walked prologue+e
 grid (batch x KV heads x M-groups x partitions) is dealt round-robin over the XCDs, then over each
 XCD's CUs; the busiest CU runs ``ceil(n / R_max)`` generations of at most ``R_max`` workgroups,
 the last (tail) one with only the remainder resident, its rounds timed with that many. A grid
-whose workgroups walk different numbers of tiles (a ragged batch, chapter 6's balanced work
+whose workgroups walk different numbers of tiles (a ragged batch, chapter 07's balanced work
 list: :func:`grid_of`) is dealt as the dispatcher deals it instead: round-robin over the XCDs,
 then each workgroup to the resident slot that frees first, the busiest slot's tiles x round
 plus its workgroups x ``F`` (the closed form is this schedule when every workgroup is alike).
@@ -449,7 +449,7 @@ class KernelCode:
     #: the same walk re-run at loaded latencies: (latency cycles, loop cycles, fixed cycles),
     #: increasing latency; ``predict`` interpolates it (:data:`LATENCY_FACTORS`)
     latency_curve: Tuple[Tuple[float, float, float], ...] = ()
-    #: work items one loop iteration takes: the reduce's partitions per iteration (chapter 6's
+    #: work items one loop iteration takes: the reduce's partitions per iteration (chapter 07's
     #: ``REDUCE_GROUP``; 1 for the seed versions' reduce, one partition per iteration)
     items_per_iteration: int = 1
 
@@ -893,7 +893,7 @@ class Grid:
 def grid_of(shape: DecodeShape, partitions: int = 1, schedule: str = "uniform") -> Grid:
     """The grid of stage 6's kernel for ``shape`` split into ``partitions`` laid out by ``schedule``
     ("uniform": sequence s's ``ceil(t_s / P)``-tile ranges, as chapter 5's ``tile_range``;
-    "balanced": chapter 6's work list, ``s6.work_list`` run on the shape's context lengths with
+    "balanced": chapter 07's work list, ``s6.work_list`` run on the shape's context lengths with
     the chosen split's chunk floor, ``s6.chunk_floor``)."""
     tiles_seq = [-(-L // TILE) for L in shape.context_lengths]
     if schedule == "balanced":
