@@ -249,23 +249,29 @@ def _scale_kind(x, name: str, device, per_token_shape, limits: Limits) -> bool:
     raise ValueError(f"{name}: stage {limits.stage} takes a scale of shape {want}, got {tuple(x.shape)}")
 
 
-def check_scales(key_scale, value_scale, read=None) -> None:
+def check_scales(key_scale, value_scale, read=None) -> float:
     """Scale values: a per-tensor scale finite and > 0; per-token scales finite and >= 0 where
     the kernel reads them (``read(x)``: ``(lo, hi)`` of ``x`` over those tokens, None if none;
-    None: over all of ``x``). Reads tensor values: a host sync for GPU tensors."""
+    None: over all of ``x``). Returns the largest key scale read (0 where none is), for the score
+    bound. Reads tensor values: a host sync for GPU tensors."""
+    k_max = 0.0
     for name, x in (("key_scale", key_scale), ("value_scale", value_scale)):
-        if not isinstance(x, torch.Tensor):
-            continue
-        if x.numel() == 1:
-            v = float(x.reshape(()).item())
-            if not (math.isfinite(v) and v > 0):
-                raise ValueError(f"{name}: a per-tensor scale must be finite and > 0, got {v}")
-            continue
-        span = tuple(float(v) for v in x.aminmax()) if read is None else read(x)
-        # NaN propagates into both ends
-        if span is not None and not (math.isfinite(span[0]) and math.isfinite(span[1]) and span[0] >= 0):
-            raise ValueError(f"{name}: every scale inside a context must be finite and >= 0, found values "
-                             f"in [{span[0]}, {span[1]}]")
+        if not isinstance(x, torch.Tensor):  # a number: ``describe`` checked it
+            hi = None if x is None else float(x)
+        elif x.numel() == 1:
+            hi = float(x.reshape(()).item())
+            if not (math.isfinite(hi) and hi > 0):
+                raise ValueError(f"{name}: a per-tensor scale must be finite and > 0, got {hi}")
+        else:
+            span = tuple(float(v) for v in x.aminmax()) if read is None else read(x)
+            # NaN propagates into both ends
+            if span is not None and not (math.isfinite(span[0]) and math.isfinite(span[1]) and span[0] >= 0):
+                raise ValueError(f"{name}: every scale inside a context must be finite and >= 0, found values "
+                                 f"in [{span[0]}, {span[1]}]")
+            hi = None if span is None else span[1]
+        if name == "key_scale" and hi is not None:
+            k_max = hi
+    return k_max
 
 
 def context_span(problem: Problem, block_tables, context_lengths):
@@ -321,13 +327,8 @@ def check_values(problem: Problem, block_tables, context_lengths, key_scale=None
             if not 0 <= page < nb:
                 raise ValueError(f"block_tables: entry [{s}, {j}] = {page} is not a page id in [0, {nb})")
     read = context_span(problem, block_tables, context_lengths) if problem.per_token else None
-    check_scales(key_scale, value_scale, read)
+    k_max = check_scales(key_scale, value_scale, read)
     if query is not None and key_scale is not None:
-        if isinstance(key_scale, torch.Tensor):
-            span = read(key_scale) if read is not None else (float(key_scale.reshape(-1)[0]),) * 2
-            k_max = span[1] if span is not None else 0.0
-        else:
-            k_max = float(key_scale)
         bound = score_bound_log2(problem, query, k_max)
         if not bound <= MAX_SCORE_LOG2:
             raise ValueError(f"key_scale: scores may reach {bound:.3g} in log2 units (softmax_scale x log2 e x "
