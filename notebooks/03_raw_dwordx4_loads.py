@@ -120,25 +120,13 @@ print("k permuted in A and B alike: identical product")
 
 # %% tags=["nbval-ignore-output"]
 from pa_tile.emu import launch as emu_launch  # noqa: E402
-from pa_tile.emu.memory import Trace  # noqa: E402
+from pa_tile.emu.memory import AddressTrace  # noqa: E402  (a Trace that keeps the lanes' addresses)
 from pa_tile.stages import s2_register_softmax as s2  # noqa: E402
 from pa_tile.stages import s3_raw_loads as s3  # noqa: E402
 
 EMU = backend.current_backend() == "emu"  # traces are recorded only by the emulator
 NO_TRACE = "ran on the GPU: memory traces are recorded only by the emulator (PA_TILE_BACKEND=emu)"
 one_tile = cache.make_case(1, 8, 1, 128, 16, 256, fp8_format="fnuz", pad_block_id=-1)
-
-
-class AddressTrace(Trace):
-    """The emulator's trace, also keeping the active lanes' addresses of every global access."""
-
-    def __init__(self, arch):
-        super().__init__(arch)
-        self.addresses = []
-
-    def global_access(self, mnemonic, line, addrs, mask, nbytes, **kw):
-        super().global_access(mnemonic, line, addrs, mask, nbytes, **kw)
-        self.addresses.append((mnemonic, np.asarray(addrs, np.int64)[np.asarray(mask, bool)]))
 
 
 def traced(module, **kw):

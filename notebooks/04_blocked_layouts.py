@@ -57,7 +57,7 @@ from IPython.display import display
 from pa_tile import backend, cache, figures, isa, seed_history, show, toolchain
 from pa_tile.arch import ARCHS, INFO, fp8_format
 from pa_tile.emu import launch as emu_launch
-from pa_tile.emu.memory import LINE_BYTES, Trace, coalescing_lines, format_table
+from pa_tile.emu.memory import LINE_BYTES, AddressTrace, Trace, coalescing_lines, format_table
 
 
 # %% tags=["nbval-ignore-output"]
@@ -83,18 +83,6 @@ from pa_tile.stages import s4_blocked_layouts as s4  # noqa: E402
 EMU = backend.current_backend() == "emu"  # traces are recorded only by the emulator
 NO_TRACE = "ran on the GPU: memory traces are recorded only by the emulator (PA_TILE_BACKEND=emu)"
 one = cache.make_case(1, 8, 1, 128, 16, 256, fp8_format="fnuz", pad_block_id=-1)
-
-
-class AddressTrace(Trace):
-    """The emulator's trace, also keeping the active lanes' addresses of every global access."""
-
-    def __init__(self, arch):
-        super().__init__(arch)
-        self.addresses = []
-
-    def global_access(self, mnemonic, line, addrs, mask, nbytes, **kw):
-        super().global_access(mnemonic, line, addrs, mask, nbytes, **kw)
-        self.addresses.append((mnemonic, np.asarray(addrs, np.int64)[np.asarray(mask, bool)]))
 
 
 def whole_wave_loads(trace, t):

@@ -1148,6 +1148,20 @@ class Trace:
         return format_table(rows, cols, headers=self.GROUPED_COLUMNS)
 
 
+class AddressTrace(Trace):
+    """A :class:`Trace` that also keeps the active lanes' byte addresses of every global access,
+    ``addresses``: ``[(mnemonic, int64 array), ...]`` in execution order (chapters 03 and 04 draw
+    where one load's lanes fall)."""
+
+    def __init__(self, arch):
+        super().__init__(arch)
+        self.addresses = []
+
+    def global_access(self, mnemonic, line, addrs, mask, nbytes, **kw):
+        super().global_access(mnemonic, line, addrs, mask, nbytes, **kw)
+        self.addresses.append((mnemonic, np.asarray(addrs, np.int64)[np.asarray(mask, bool)]))
+
+
 def format_table(rows: list[dict], columns: Sequence[str] | None = None, floatfmt: str = ".2f",
                  headers: dict | None = None) -> str:
     """Plain-text table of a list of dicts (no pandas needed); ``headers`` renames columns."""
