@@ -231,22 +231,10 @@ _DWORD_LOADS = {"buffer_load_dword": 1, "buffer_load_dwordx2": 2, "buffer_load_d
 def _buffer_load(ctx, ref):
     """Untraced MUBUF dword loads whose every active lane is in range and inside the region the
     V#'s base points into (the sanitizer's verdict for them: pass); anything else, the reference."""
-    m = ctx.mods
-    if set(m) - {"offset", "offen", "glc", "slc", "nt", "sc0", "sc1"} or len(ctx.ops) != 4:
+    entry = _buffer_load_entry(ctx)  # the operand decoding the blocks use too
+    if entry is None:
         return ref
-    dst_o, vaddr, srsrc, soffset = ctx.ops
-    offen = bool(m.get("offen"))
-    if offen and (vaddr.kind != "v" or vaddr.count != 1):
-        return ref
-    if soffset.kind == "imm":
-        soff = 2 | (const_bits(soffset, "b32") << 32)
-    elif soffset.kind == "s" and soffset.count == 1:
-        soff = 1 | (soffset.index << 8)
-    else:
-        return ref
-    dst, nregs, ri = ctx.vrow(dst_o), _DWORD_LOADS[ctx.base], srsrc.index
-    vrow = vaddr.index if offen else -1
-    inst = int(m.get("offset", 0)) & 0xFFFFFFFF
+    _, dst, vrow, soff, ri, inst, nregs = entry[0]
     fn = fastpath.lib().pa_buffer_load
     pointers, spans = fastpath.pointers, fastpath.spans
 

@@ -259,14 +259,11 @@ EXPORT int pa_mfma_fp8(uint32_t *v, int M, int N, int K, int rd, int ra, int rb,
 
 // ---------------------------------------------------------------- MUBUF dword loads (memory.buffer_load)
 
-// buffer_load_dword{,x2,x3,x4} with offen or no address VGPR, no idxen, nothing traced: the
-// common case of memory.buffer_load, where every active lane's whole access is in the V#'s range
-// and inside the allowed region its base points into (bases/ends: GlobalMemory's sorted region
-// spans, whose addresses are this process's own memory). Returns that region's index after
-// loading, -2 when no lane is active (nothing happens), -1 when any of that does not hold: the
-// caller then runs the reference handler, which has seen no change.
-EXPORT int pa_buffer_load(uint32_t *v, const uint32_t *s, int dst, int nregs, int vrow, uint32_t inst,
-                          int64_t soff_code, int ri, const uint64_t *bases, const uint64_t *ends, int nspans) {
+// The addressing pa_buffer_load and pa_buffer_store share: each active lane's byte address into
+// addr and the EXEC mask into *exec; returns the region's index, or -2 / -1 as they do.
+static int buffer_addresses(const uint32_t *v, const uint32_t *s, int nregs, int vrow, uint32_t inst,
+                            int64_t soff_code, int ri, const uint64_t *bases, const uint64_t *ends, int nspans,
+                            uint64_t *exec, uint64_t addr[LANES]) {
     uint64_t em = exec_mask(s);
     if (!em) return -2;
     uint32_t w0 = s[ri], w1 = s[ri + 1], w2 = s[ri + 2], w3 = s[ri + 3];
@@ -280,7 +277,6 @@ EXPORT int pa_buffer_load(uint32_t *v, const uint32_t *s, int dst, int nregs, in
         if (bases[i] <= base && base < ends[i]) { region = i; break; }
     if (region < 0) return -1;
     uint64_t rb = bases[region], re = ends[region];
-    uint64_t addr[LANES];
     for (int l = 0; l < LANES; l++) {
         if (!((em >> l) & 1)) continue;
         uint64_t off = (uint64_t)(vrow >= 0 ? v[(size_t)vrow * LANES + l] : 0) + inst;
@@ -289,6 +285,21 @@ EXPORT int pa_buffer_load(uint32_t *v, const uint32_t *s, int dst, int nregs, in
         if (a < rb || a + nbytes > re) return -1;
         addr[l] = a;
     }
+    *exec = em;
+    return region;
+}
+
+// buffer_load_dword{,x2,x3,x4} with offen or no address VGPR, no idxen, nothing traced: the
+// common case of memory.buffer_load, where every active lane's whole access is in the V#'s range
+// and inside the allowed region its base points into (bases/ends: GlobalMemory's sorted region
+// spans, whose addresses are this process's own memory). Returns that region's index after
+// loading, -2 when no lane is active (nothing happens), -1 when any of that does not hold: the
+// caller then runs the reference handler, which has seen no change.
+EXPORT int pa_buffer_load(uint32_t *v, const uint32_t *s, int dst, int nregs, int vrow, uint32_t inst,
+                          int64_t soff_code, int ri, const uint64_t *bases, const uint64_t *ends, int nspans) {
+    uint64_t em, addr[LANES], nbytes = (uint64_t)nregs * 4;
+    int region = buffer_addresses(v, s, nregs, vrow, inst, soff_code, ri, bases, ends, nspans, &em, addr);
+    if (region < 0) return region;
     for (int l = 0; l < LANES; l++) {
         if (!((em >> l) & 1)) continue;
         uint32_t words[4];
@@ -302,28 +313,9 @@ EXPORT int pa_buffer_load(uint32_t *v, const uint32_t *s, int dst, int nregs, in
 // storing to the same bytes: the highest lane wins, as numpy's assignment in lane order.
 EXPORT int pa_buffer_store(const uint32_t *v, const uint32_t *s, int src, int nregs, int vrow, uint32_t inst,
                            int64_t soff_code, int ri, const uint64_t *bases, const uint64_t *ends, int nspans) {
-    uint64_t em = exec_mask(s);
-    if (!em) return -2;
-    uint32_t w0 = s[ri], w1 = s[ri + 1], w2 = s[ri + 2], w3 = s[ri + 3];
-    if ((w1 >> 31) & 1) return -1;
-    if ((w3 >> 23) & 1) return -1;
-    uint64_t base = (uint64_t)w0 | ((uint64_t)(w1 & 0xFFFF) << 32), num_records = w2;
-    uint64_t soff = ((soff_code & 3) == 1) ? s[(soff_code >> 8) & 0xFFFF] : (uint32_t)((uint64_t)soff_code >> 32);
-    uint64_t nbytes = (uint64_t)nregs * 4;
-    int region = -1;
-    for (int i = 0; i < nspans; i++)
-        if (bases[i] <= base && base < ends[i]) { region = i; break; }
-    if (region < 0) return -1;
-    uint64_t rb = bases[region], re = ends[region];
-    uint64_t addr[LANES];
-    for (int l = 0; l < LANES; l++) {
-        if (!((em >> l) & 1)) continue;
-        uint64_t off = (uint64_t)(vrow >= 0 ? v[(size_t)vrow * LANES + l] : 0) + inst;
-        if (off > 0xFFFFFFFFull || off + soff + nbytes > num_records) return -1;
-        uint64_t a = base + soff + off;
-        if (a < rb || a + nbytes > re) return -1;
-        addr[l] = a;
-    }
+    uint64_t em, addr[LANES], nbytes = (uint64_t)nregs * 4;
+    int region = buffer_addresses(v, s, nregs, vrow, inst, soff_code, ri, bases, ends, nspans, &em, addr);
+    if (region < 0) return region;
     for (int l = 0; l < LANES; l++) {
         if (!((em >> l) & 1)) continue;
         uint32_t words[4];
