@@ -124,6 +124,7 @@ from pa_tile.kernel_lib import (
     lds_store, mfma, pack_fp8, query_operands, rcp, rsrc, max4, row_max, row_reduce, scalar_load,
     scores, select, splat4, tree_sum, wave_reduce, zero_tail_v,
 )
+from pa_tile.serving_math import finish_row, soft_capped
 
 
 # %% tags=["export"]
@@ -378,11 +379,15 @@ def _mask_scores(s_all, n_hi, n_lo, mt):
 
 # %% tags=["export"]
 @device_code
-def masked_scores(c, s, m, t, tok, ctx, hi1, v_words, zero_v):
+def masked_scores(c, s, m, t, tok, ctx, hi1, v_words, zero_v, c_cap=None):
     """M-tile ``m``'s scores ``s`` with the tokens its row may not see at -inf, and ``v_words``
     with the bytes of tokens past the context zeroed if ``zero_v`` (the V just loaded; else passed
     through): ``(s, v_words)``. Without a window only tiles holding a causally hidden or absent
-    token pay for the mask (a branch)."""
+    token pay for the mask (a branch). With a soft-cap (``c.CAP``, chapter 08) every score is
+    capped first, from its factor ``c_cap`` to log2 units; the scores are then in log2 units."""
+    if const_expr(c.CAP > 0):
+        s = fx.Vector.from_elements(soft_capped([s[i] for i in range_constexpr(16)], c_cap, c.CAP),
+                                    dtype=fx.Float32)
     if const_expr(c.W > 0):
         s = _mask_scores(s, [hi1[m] - tok], [hi1[m] - c.W - tok], 1)
     else:
@@ -493,7 +498,8 @@ class Spec:
     follows from them): every piece of the kernel below reads its sizes from here."""
 
     def __init__(self, arch, block_size, head_dim, group, query_length, q_dtype, per_token, trans_v,
-                 sliding_window, num_partitions, m_tiles, work_list=False):
+                 sliding_window, num_partitions, m_tiles, work_list=False, sinks=False,
+                 soft_cap=0.0, lse=False):
         self.BS, self.HD, self.G, self.QL = block_size, head_dim, group, query_length
         self.W, self.NP = sliding_window, num_partitions
         self.per_token, self.trans_v = per_token, trans_v
@@ -502,6 +508,10 @@ class Spec:
         self.WL = work_list
         self.SPLIT = num_partitions > 1 or work_list
         self.NPW = 1 if work_list else num_partitions
+        # the serving math (chapter 08): the soft-cap is applied to every score; a split leaves
+        # sinks and the log-sum-exp to the reduce, which sees the whole row
+        self.CAP = float(soft_cap)
+        self.SINKS, self.LSE = sinks and not self.SPLIT, lse and not self.SPLIT
         self.ROWS, _, self.MT, self.MG = plan(head_dim, group, query_length, m_tiles)
         self.QDT = fx.BFloat16 if q_dtype == "bf16" else fx.Float16
         self.FMAX = fp8_max(arch)

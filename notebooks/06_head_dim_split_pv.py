@@ -204,9 +204,11 @@ def _zero_tail_spans(c, v_all, t, ctx, grp):
 
 # %% tags=["export"]
 @device_code
-def wide_scores(c, ms, t, tok, ctx, k_words, shared, stats, lane, col, wave, c_qk, hi1, pt):
+def wide_scores(c, ms, t, tok, ctx, k_words, shared, stats, lane, col, wave, c_qk, hi1, pt,
+                c_cap=None):
     """M-tiles ``ms``: their masked raw scores (kept for phase B) and this wave's row max of each
-    to the max table ``[m-tile][row][wave]``."""
+    to the max table ``[m-tile][row][wave]`` (``c_cap``: the factors a soft-cap takes, chapter
+    08)."""
     s_all = []
     for m in ms:
         fx.rocdl.sched_barrier(0)
@@ -215,7 +217,7 @@ def wide_scores(c, ms, t, tok, ctx, k_words, shared, stats, lane, col, wave, c_q
             sc_lds, sc_k, grp = pt
             s = k_scaled(s, sc_lds, sc_k, grp, fenced=False)
         s, _ = masked_scores(c, fx.Vector.from_elements(s, dtype=fx.Float32), m, t, tok, ctx, hi1,
-                             k_words, zero_v=False)
+                             k_words, zero_v=False, c_cap=None if c_cap is None else c_cap[m])
         lds_store(stats, ((m * 16 + col) * WAVES + wave) * 4,
                   fx.Vector.from_elements([row_max(s, c_qk[m])], dtype=fx.Float32))
         s_all.append(s)
@@ -337,7 +339,7 @@ def wide_loop(c, k, wp, t_start, t_end, first_pages):
         for g0 in range_constexpr(0, MT, c.MB):
             ms = list(range(g0, min(g0 + c.MB, MT)))
             s_all = wide_scores(c, ms, t, tok, k.ctx, k_words, k.shared, k.stats, k.lane, k.col,
-                                k.wave, k.c_qk, k.hi1, pt_a)
+                                k.wave, k.c_qk, k.hi1, pt_a, k.c_cap)
             if const_expr(g0 == 0 and not c.V_WITH_K):
                 fx.rocdl.sched_barrier(0)
                 v_all = wide_v(c, wp, v_ids, t, k.ctx, k.grp)  # V after the first group's scores
@@ -362,8 +364,7 @@ def wide_merge_and_write(c, k, res, rows, v_scale, outputs, part, num_kv_heads):
         lds_store(k.stats, ((m * 16 + k.col) * WAVES + k.wave) * 4,
                   fx.Vector.from_elements([lw], dtype=fx.Float32))
     gpu.barrier()
-    o_rs, mx_rs, sm_rs = (rsrc(outputs[0]), None,
-                          None) if const_expr(not c.SPLIT) else tuple(rsrc(t) for t in outputs)
+    o_rs, mx_rs, sm_rs = output_resources(c, outputs)
     for m in range_constexpr(c.MT):
         l4 = lds_load(k.stats, (m * 16 + k.col) * WAVES * 4, WAVES)
         total = (fx.Float32(l4[0]) + fx.Float32(l4[1])) + (fx.Float32(l4[2]) + fx.Float32(l4[3]))
@@ -373,9 +374,13 @@ def wide_merge_and_write(c, k, res, rows, v_scale, outputs, part, num_kv_heads):
         if const_expr(c.SPLIT):
             # empty partition row: 0, not 0·inf
             f = fx.Float32(select(total > 0.0, f, fx.Float32(0.0)))
+        lse2 = None
+        if const_expr(c.SINKS or c.LSE):  # chapter 08
+            f, lse2 = finish_row(c, f, fx.Float32(res[M0 + m]), total, k.sinks_rs,
+                                 k.kvh * c.G + rows[m][2])
         o = [fx.Vector(res[O0 + m * c.CPW + s]) * splat4(f) for s in range_constexpr(c.CPW)]
         write_rows(c, o, fx.Float32(res[M0 + m]), total, rows[m], k.slot, k.kvh, part, k.wave,
-                   k.grp, num_kv_heads, o_rs, mx_rs, sm_rs)
+                   k.grp, num_kv_heads, o_rs, mx_rs, sm_rs, lse2)
 
 
 # %% [markdown]
@@ -385,7 +390,8 @@ def wide_merge_and_write(c, k, res, rows, v_scale, outputs, part, num_kv_heads):
 
 # %% tags=["export"]
 @device_code
-def write_rows(c, o, mx, total, row, seq, kvh, part, wave, grp, num_kv_heads, o_rs, mx_rs, sm_rs):
+def write_rows(c, o, mx, total, row, seq, kvh, part, wave, grp, num_kv_heads, o_rs, mx_rs, sm_rs,
+               lse2=None):
     r, qi, g = row
     if r < c.ROWS:
         for s in range_constexpr(c.CPW):
@@ -403,6 +409,20 @@ def write_rows(c, o, mx, total, row, seq, kvh, part, wave, grp, num_kv_heads, o_
                     buffer_store(fx.Float32(mx * (1.0 / LOG2E)).bitcast(fx.Int32), mx_rs, prow * 4)
                     buffer_store(fx.Float32(total * (1.0 / c.FMAX)).bitcast(fx.Int32), sm_rs,
                                  prow * 4)
+        if const_expr(lse2 is not None):  # the row's log-sum-exp (chapter 08), natural log
+            if wave == 0:
+                if grp == 0:
+                    out_row = (seq * c.QL + qi) * (num_kv_heads * c.G) + kvh * c.G + g
+                    buffer_store(fx.Float32(lse2 * (1.0 / LOG2E)).bitcast(fx.Int32), mx_rs,
+                                 out_row * 4)
+
+
+def output_resources(c, outputs):
+    """Buffer resources ``(out, max, sum)`` of the kernel's ``outputs``: unsplit ``(out, lse)``,
+    the lse only when written (``c.LSE``); split ``(pout, pmax, psum)``."""
+    if const_expr(c.SPLIT):
+        return tuple(rsrc(t) for t in outputs)
+    return rsrc(outputs[0]), rsrc(outputs[1]) if const_expr(c.LSE) else None, None
 
 
 # %% [markdown]
@@ -518,7 +538,7 @@ def make_kernel(c):
         key_cache: fx.Tensor, value_cache: fx.Tensor, block_tables: fx.Tensor,
         context_lengths: fx.Tensor, work_list: fx.Tensor, key_scale: fx.Tensor,
         value_scale: fx.Tensor, num_kv_heads: fx.Int32, max_blocks: fx.Int32,
-        q_stride_row: fx.Int32, q_stride_head: fx.Int32, scale_log2: fx.Float32,
+        q_stride_row: fx.Int32, q_stride_head: fx.Int32, scale_log2: fx.Float32, sinks: fx.Tensor,
     ):
         # col: MFMA column = this lane's query row in an M-tile; grp: its 16 tokens of the wave's 64
         tid, wave, lane, col, grp = lane_coords()
@@ -536,13 +556,18 @@ def make_kernel(c):
         stage_query(c, shared, rows, q_rs, seq, kvh, q_stride_row, q_stride_head, wave, lane, grp,
                     live)
         c_qk = score_factors(c, shared, lane, scale_log2, k_scale)
+        c_cap = None
+        if const_expr(c.CAP > 0):  # capped scores are in log2 units already (chapter 08)
+            c_cap, c_qk = c_qk, [fx.Float32(1.0)] * c.MT
         # causal bound of each row: query qi sits at ctx - QL + qi and sees tokens <= it
         hi1 = [ctx - (c.QL - 1) + rows[m][1] for m in range_constexpr(c.MT)]
         k = types.SimpleNamespace(shared=shared, lane=lane, col=col, wave=wave, grp=grp, seq=seq,
-                                  slot=slot, kvh=kvh, ctx=ctx, c_qk=c_qk, hi1=hi1)
+                                  slot=slot, kvh=kvh, ctx=ctx, c_qk=c_qk, hi1=hi1, c_cap=c_cap,
+                                  sinks_rs=rsrc(sinks) if const_expr(c.SINKS) else None)
         if const_expr(c.per_token):
             per_token_slots(k, lds, key_scale, value_scale, wave)
-        outputs = (out,) if const_expr(not c.SPLIT) else (pout, pmax, psum)
+        # unsplit, pmax is the log-sum-exp out (c.LSE)
+        outputs = (out, pmax) if const_expr(not c.SPLIT) else (pout, pmax, psum)
         if const_expr(c.WIDE):  # P·V split by head_dim (chapter 06)
             k.stats = fx.recast_iter(fx.Uint8, lds.stats.ptr)
             k.pslab = fx.recast_iter(fx.Uint8, lds.pslab.ptr)
@@ -551,7 +576,7 @@ def make_kernel(c):
             return
         res = resident_loop(c, k, pages, t_start, t_end, first_pages)  # the appendix's baseline
         merge_and_write(c, lds, shared, res, rows, v_scale, outputs, slot, kvh, part, num_kv_heads,
-                        wave, lane, col, grp)
+                        wave, lane, col, grp, k.sinks_rs)
 
     return pa_decode_s5
 
@@ -572,11 +597,13 @@ def make_kernel(c):
 # %% tags=["export"]
 @functools.lru_cache(maxsize=None)
 def build_launcher(arch, block_size, head_dim, group, query_length, q_dtype="f16", per_token=False,
-                   trans_v=True, sliding_window=0, num_partitions=1, m_tiles=None, work_list=False):
+                   trans_v=True, sliding_window=0, num_partitions=1, m_tiles=None, work_list=False,
+                   sinks=False, soft_cap=0.0, lse=False):
     """The ``@flyc.jit`` launcher for one specialization (every argument is a compile-time constant;
-    the partials of a split are described above; ``work_list``: chapter 6's balanced split)."""
+    the partials of a split are described above; ``work_list``: chapter 6's balanced split;
+    ``sinks``, ``soft_cap``, ``lse``: chapter 08's serving math)."""
     c = Spec(arch, block_size, head_dim, group, query_length, q_dtype, per_token, trans_v,
-             sliding_window, num_partitions, m_tiles, work_list)
+             sliding_window, num_partitions, m_tiles, work_list, sinks, soft_cap, lse)
     # launch(out, pmax, psum, pout, query, ..., value_scale, num_seqs, num_kv_heads, ...,
     #        scale_log2, stream)
     return jit_launcher(make_kernel(c), grid_yz=lambda a: (a["num_kv_heads"] * c.MG, c.NP))
@@ -592,14 +619,16 @@ def build_launcher(arch, block_size, head_dim, group, query_length, q_dtype="f16
 
 # %% tags=["export"]
 def kernel_args(p, first, query, key_cache, value_cache, block_tables, context_lengths, key_scale,
-                value_scale):
+                value_scale, sinks=None):
     """The launcher's arguments for a validated problem ``p``: ``first`` is ``(out, pmax, psum,
     pout)`` (the unsplit kernel writes only ``out``; a split writes only the partials). The work
-    list's place holds ``context_lengths`` again: only chapter 07's balanced split reads one."""
+    list's place holds ``context_lengths`` again: only chapter 07's balanced split reads one; the
+    sinks' place (chapter 08) holds ``key_scale`` when there are none: only ``p.sinks`` reads it."""
     return tuple(first) + (
         query, key_cache.view(torch.uint8), value_cache.view(torch.uint8), block_tables,
         context_lengths, context_lengths, key_scale, value_scale, p.num_seqs, p.num_kv_heads,
         p.max_blocks, query.stride(0), query.stride(1), p.scale_log2,
+        key_scale if sinks is None else sinks,
     )
 
 
@@ -638,7 +667,7 @@ def launcher_for(p, num_partitions=1, m_tiles=None, work_list=False):
     """The compiled-once launcher for a validated problem."""
     return build_launcher(p.arch, p.block_size, p.head_dim, p.group, p.query_length, p.q_dtype,
                           p.per_token, p.v_layout == "trans_blocked", p.sliding_window,
-                          num_partitions, m_tiles, work_list)
+                          num_partitions, m_tiles, work_list, p.sinks, p.soft_cap, p.lse)
 
 
 # %% tags=["export"]

@@ -165,7 +165,8 @@ def exchange_slots(head_dim, m_tiles):
 
 # %% tags=["export"]
 @device_code
-def phase_a(c, st, t, tok, ctx, k_words, pages, v_page, shared, lane, c_qk, hi1, per_token_args):
+def phase_a(c, st, t, tok, ctx, k_words, pages, v_page, shared, lane, c_qk, hi1, per_token_args,
+            c_cap=None):
     M0, L0 = 2 + c.MT * c.NCH, 2 + c.MT * c.NCH + c.MT
     if const_expr(c.per_token):
         sc_lds, sc_k, sc_v, k_sc1, v_sc1, wave, grp = per_token_args
@@ -187,7 +188,8 @@ def phase_a(c, st, t, tok, ctx, k_words, pages, v_page, shared, lane, c_qk, hi1,
             # 4 scales at a time, not 16 next to V in flight
             s = k_scaled(s, sc_lds, sc_k, grp, fenced=True)
         s = fx.Vector.from_elements(s, dtype=fx.Float32)
-        s, v_words = masked_scores(c, s, m, t, tok, ctx, hi1, v_words, zero_v=m == c.MT - 1)
+        s, v_words = masked_scores(c, s, m, t, tok, ctx, hi1, v_words, zero_v=m == c.MT - 1,
+                                   c_cap=None if c_cap is None else c_cap[m])
         mx = fmax(fx.Float32(st[M0 + m]), row_max(s, c_qk[m]))
         v_weight = functools.partial(lane_scales, sc_lds, sc_v,
                                      grp) if const_expr(c.per_token) else None
@@ -207,22 +209,27 @@ def phase_a(c, st, t, tok, ctx, k_words, pages, v_page, shared, lane, c_qk, hi1,
 
 # %% tags=["export"]
 def merge_and_write(c, lds, shared, res, rows, v_scale, outputs, seq, kvh, part, num_kv_heads,
-                    wave, lane, col, grp):
+                    wave, lane, col, grp, sinks_rs=None):
     """After the loop: merge the four waves' results (``res``, the loop state), one M-tile at a time
-    with ``XS`` d-chunk slots per exchange round, and write each M-tile's rows."""
+    with ``XS`` d-chunk slots per exchange round, and write each M-tile's rows (with chapter 08's
+    sinks and log-sum-exp when on)."""
     O0, M0, L0 = 2, 2 + c.MT * c.NCH, 2 + c.MT * c.NCH + c.MT
     stats = fx.recast_iter(fx.Uint8, lds.stats.ptr)
     store_stats(stats, [res[M0 + m] for m in range_constexpr(c.MT)],
                 [res[L0 + m] for m in range_constexpr(c.MT)], wave, col)
     gpu.barrier()  # also: every wave is past its last read of the staged query
-    o_rs, mx_rs, sm_rs = (rsrc(outputs[0]), None,
-                          None) if const_expr(not c.SPLIT) else tuple(rsrc(t) for t in outputs)
+    o_rs, mx_rs, sm_rs = output_resources(c, outputs)
     for m in range_constexpr(c.MT):
         o_w = [res[O0 + m * c.NCH + j] for j in range_constexpr(c.NCH)]
         o, mx, total = merge_weights(stats, m, col, res[M0 + m], o_w, v_scale, c.SPLIT)
+        lse2 = None
+        if const_expr(c.SINKS or c.LSE):
+            g, lse2 = finish_row(c, fx.Float32(1.0), mx, total, sinks_rs, kvh * c.G + rows[m][2])
+            if const_expr(c.SINKS):
+                o = [fx.Vector(x) * splat4(g) for x in o]
         o = exchange(shared, o, wave, lane, c.XS, m < c.MT - 1)
         write_rows(c, o, mx, total, rows[m], seq, kvh, part, wave, grp, num_kv_heads, o_rs, mx_rs,
-                   sm_rs)
+                   sm_rs, lse2)
 
 
 # %% [markdown]
@@ -254,7 +261,7 @@ def resident_loop(c, k, pages, t_start, t_end, first_pages):
         tok = t * TILE + k.wave * SPAN + k.grp * 16  # the lane's first token
         p_all, corr_all, m_new, l_next, v_words, pt = phase_a(c, st, t, tok, k.ctx, k_words, pages,
                                                               v_page, k.shared, k.lane, k.c_qk,
-                                                              k.hi1, pt_args)
+                                                              k.hi1, pt_args, k.c_cap)
         # phase B: every M-tile's P·V on V's registers (V as A, P as B: O is [d, row])
         o_next = phase_b([st[O0 + i] for i in range_constexpr(MT * NCH)], v_words, p_all, corr_all,
                          pt)

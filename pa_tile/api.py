@@ -46,13 +46,40 @@ def workspace_size(num_seqs, num_kv_heads, group, query_length, head_dim, num_pa
                              s6.choose_schedule(num_partitions, schedule))
 
 
-def _partitions(p: problem.Problem, num_partitions, m_tiles) -> int:
+def _partitions(p: problem.Problem, num_partitions) -> int:
     if num_partitions is None:
         return s6.choose_num_partitions(p.num_seqs, p.num_kv_heads, p.max_context, arch=p.arch, head_dim=p.head_dim,
                                         group=p.group, query_length=p.query_length,
                                         cu_count=backend.cu_count(p.torch_device, p.arch), block_size=p.block_size,
                                         per_token=p.per_token)  # query_bytes: 2 for both f16 and bf16
     return problem.int_option(num_partitions, "num_partitions", 1, LIMITS.max_partitions)
+
+
+def _split(p: problem.Problem, num_partitions, schedule, chunk_tiles, batch_invariant):
+    """``(partitions, schedule, chunk_tiles)`` of a call. ``batch_invariant``: a balanced work list
+    of fixed chunks of ``chunk_tiles`` tiles (None: ``s6.chunk_floor``, the traffic cap's), so a
+    sequence's chunks, and with them its bits, depend on its own length only; the partition count
+    then only sizes the work list (its longest possible sequence's chunks). Otherwise
+    ``chunk_tiles`` None is ``s6.chunk_floor`` for the chosen split, 1 for an explicit
+    ``num_partitions`` (honoured to the tile, as the uniform split honours it)."""
+    if chunk_tiles is not None:
+        problem.int_option(chunk_tiles, "chunk_tiles", 1, 1 << 20)
+    if not isinstance(batch_invariant, bool):
+        raise TypeError(f"batch_invariant: expected a bool, got {type(batch_invariant).__name__}")
+    floor = s6.chunk_floor(p.head_dim, p.group, p.query_length, block_size=p.block_size, per_token=p.per_token)
+    if batch_invariant:
+        if num_partitions is not None:
+            raise ValueError("num_partitions: batch_invariant=True splits every sequence into chunks of chunk_tiles "
+                             "tiles; leave num_partitions None")
+        if schedule not in (None, "balanced"):
+            raise ValueError(f"schedule: batch_invariant=True uses the balanced schedule's work list, got {schedule!r}")
+        per = floor if chunk_tiles is None else chunk_tiles
+        tiles = -(-p.max_context // s6.TILE)
+        return -(-tiles // per), "balanced", per
+    parts = _partitions(p, num_partitions)
+    if chunk_tiles is None:
+        chunk_tiles = floor if num_partitions is None else 1
+    return parts, s6.choose_schedule(parts, schedule), chunk_tiles
 
 
 def _workspace(p: problem.Problem, parts: int, m_tiles, workspace, schedule="uniform"):
@@ -77,7 +104,8 @@ def _workspace(p: problem.Problem, parts: int, m_tiles, workspace, schedule="uni
 
 
 def _describe(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale, *,
-              softmax_scale, sliding_window, query_length, m_tiles, arch, check_values):
+              softmax_scale, sliding_window, query_length, m_tiles, arch, check_values, sinks=None,
+              logits_soft_cap=None, return_lse=False):
     if m_tiles is not None:
         problem.int_option(m_tiles, "m_tiles", 1, LIMITS.max_m_tiles)
     if check_values is None:
@@ -85,7 +113,8 @@ def _describe(query, key_cache, value_cache, block_tables, context_lengths, key_
                         and not _tracing(query))
     return problem.describe(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale,
                             limits=LIMITS, softmax_scale=softmax_scale, query_length=query_length,
-                            sliding_window=sliding_window, arch=arch, check_values_now=check_values)
+                            sliding_window=sliding_window, arch=arch, check_values_now=check_values, sinks=sinks,
+                            logits_soft_cap=logits_soft_cap, return_lse=return_lse)
 
 
 def _codes(cache):
@@ -130,11 +159,13 @@ class Plan:
 
     def __init__(self, p: problem.Problem, num_partitions: int, m_tiles: Optional[int], workspace, block_tables,
                  context_lengths, key_scale, value_scale, query_meta, cache_meta, schedule="uniform",
-                 chunk_tiles=1):
+                 chunk_tiles=1, sinks=None, batch_invariant=False):
         self.problem, self.num_partitions, self.m_tiles = p, num_partitions, m_tiles
         self.schedule = schedule
         self.workspace, self.block_tables, self.context_lengths = workspace, block_tables, context_lengths
         self.key_scale, self.value_scale = problem.scale_tensors(p, key_scale, value_scale)
+        self.sinks = sinks  # chapter 08's serving math: run(sinks=) replaces them per layer
+        self.batch_invariant = batch_invariant
         self._query_meta, self._cache_meta = query_meta, cache_meta
         rows = s5.plan(p.head_dim, p.group, p.query_length, m_tiles)[0]
         self._balanced = schedule == "balanced"
@@ -158,10 +189,12 @@ class Plan:
 
     # -- the per-layer call --------------------------------------------------------------------
 
-    def run(self, query, key_cache, value_cache, key_scale=None, value_scale=None, out=None):
-        """Attention of this layer's ``query`` over its caches; returns ``out``. Checks that the
-        tensors match the plan (shapes, dtypes, device, query strides' reach); scales default to
-        the plan's. No value is read (no host sync); with ``out`` given nothing is allocated."""
+    def run(self, query, key_cache, value_cache, key_scale=None, value_scale=None, out=None, sinks=None,
+            lse=None):
+        """Attention of this layer's ``query`` over its caches; returns ``out``, or ``(out, lse)``
+        for a plan made with ``return_lse=True``. Checks that the tensors match the plan (shapes,
+        dtypes, device, query strides' reach); scales and sinks default to the plan's. No value is
+        read (no host sync); with ``out`` (and ``lse``) given nothing is allocated."""
         self._check(query, "query", self._query_meta)
         self._check_cache(key_cache, "key_cache")
         self._check_cache(value_cache, "value_cache")
@@ -175,15 +208,31 @@ class Plan:
                 or not out.is_contiguous():
             raise ValueError(f"out: expected a contiguous {query.dtype} {self._out_shape} on {query.device}, "
                              f"got {out.dtype} {tuple(out.shape)} on {out.device}")
+        sinks = self._sinks(sinks)
+        p = self.problem
+        if lse is not None and not p.lse:
+            raise ValueError("lse: the plan was made without return_lse=True")
+        if p.lse:
+            lse = problem.lse_output(p, query, lse)
         if _tracing(query):
-            p = self.problem
             torch.ops.pa_tile.paged_decode(query, key_cache, value_cache, self.block_tables, self.context_lengths,
                                            ks, vs, out, self.workspace, p.softmax_scale, p.sliding_window,
-                                           p.query_length, self.num_partitions, self.m_tiles, p.arch,
-                                           self.schedule, self.chunk_tiles)
+                                           p.query_length, None if self.batch_invariant else self.num_partitions,
+                                           self.m_tiles, p.arch, self.schedule, self.chunk_tiles, sinks,
+                                           p.soft_cap or None, lse, self.batch_invariant)
         else:
-            self._launch(query, key_cache, value_cache, ks, vs, out)
-        return out
+            self._launch(query, key_cache, value_cache, ks, vs, out, sinks, lse)
+        return (out, lse) if p.lse else out
+
+    def _sinks(self, x):
+        """The sinks of a run: the plan's, or ``x`` checked like them (metadata only)."""
+        if x is None:
+            return self.sinks
+        if not self.problem.sinks:
+            raise ValueError("sinks: the plan was made without sinks (they specialize the kernel); make a plan "
+                             "with sinks=")
+        problem.serving_options(x, None, False, self.problem.num_q_heads, self.problem.torch_device)
+        return x
 
     @property
     def _partial(self):  # built on first use: tracing a plan (torch.compile) must not build kernels
@@ -194,7 +243,7 @@ class Plan:
     @property
     def _reduce(self):
         p = self.problem
-        return s6.build_reduce(p.head_dim, p.group, p.query_length, p.q_dtype, self._balanced) \
+        return s6.build_reduce(p.head_dim, p.group, p.query_length, p.q_dtype, self._balanced, p.sinks, p.lse) \
             if self.splits else None
 
     def work_list(self):
@@ -212,24 +261,31 @@ class Plan:
             p = self.problem
             self._work = s6.work_list(self.context_lengths, self.num_partitions, self.chunk_tiles,
                                       query_length=p.query_length, sliding_window=p.sliding_window,
-                                      buffers=self._work_buffers)
+                                      buffers=self._work_buffers, fixed_chunks=self.batch_invariant)
         return self
 
-    def _steps(self, query, key_cache, value_cache, ks, vs, out):
-        """``[(launcher, args), ...]`` of one run: the partial kernel, then the reduce when split."""
+    def _steps(self, query, key_cache, value_cache, ks, vs, out, sinks=None, lse=None):
+        """``[(launcher, args), ...]`` of one run: the partial kernel, then the reduce when split.
+        Sinks and the log-sum-exp go to the unsplit kernel (lse in the max's place) or the reduce;
+        where they are off, their places hold a tensor that is never read (``ks``)."""
         wl = self._work
         work = self.context_lengths if wl is None else wl[0]  # the unsplit/uniform kernel never reads it
-        steps = [(self._partial, (out,) + self._partials + (query, _codes(key_cache), _codes(value_cache),
-                                                            self.block_tables, self.context_lengths, work, ks, vs)
-                  + self._scalars)]
+        sk = ks if sinks is None else sinks
+        partials = self._partials
+        if not self.splits and lse is not None:
+            partials = (lse,) + partials[1:]
+        steps = [(self._partial, (out,) + partials + (query, _codes(key_cache), _codes(value_cache),
+                                                      self.block_tables, self.context_lengths, work, ks, vs)
+                  + self._scalars + (sk,))]
         if self.splits:
             extra = (wl[1],) if wl is not None else ()
-            steps.append((self._reduce, (out,) + self._partials + extra + self._reduce_scalars))
+            steps.append((self._reduce, (out,) + partials + extra + self._reduce_scalars
+                          + (sk, ks if lse is None else lse)))
         return steps
 
-    def _launch(self, query, key_cache, value_cache, ks, vs, out):
+    def _launch(self, query, key_cache, value_cache, ks, vs, out, sinks=None, lse=None):
         p, device = self.problem, query.device
-        steps = self._steps(query, key_cache, value_cache, ks, vs, out)
+        steps = self._steps(query, key_cache, value_cache, ks, vs, out, sinks, lse)
         if self._compiled is None or self._compiled_on != device:
             # first launch (or a simulated GPU's first real one): compile, then keep the handles
             self._compiled = [launching.launch(fn, args, arch=p.arch, device=device) for fn, args in steps]
@@ -239,11 +295,14 @@ class Plan:
             launching.call(compiled, args, p.arch, device)
 
     def pipeline(self, query, key_cache, value_cache, out=None) -> Pipeline:
-        """The launches of one ``run`` as a :class:`Pipeline` (``compile_isa``, graph capture)."""
+        """The launches of one ``run`` as a :class:`Pipeline` (``compile_isa``, graph capture);
+        ``pipe.lse`` is the log-sum-exp buffer of a ``return_lse`` plan."""
         out = problem.output(self.problem, query, out)
         p = self.problem
-        pipe = Pipeline(self._steps(query, key_cache, value_cache, self.key_scale, self.value_scale, out), p.arch)
-        pipe.out = out
+        lse = problem.lse_output(p, query, None) if p.lse else None
+        pipe = Pipeline(self._steps(query, key_cache, value_cache, self.key_scale, self.value_scale, out,
+                                    self.sinks, lse), p.arch)
+        pipe.out, pipe.lse = out, lse
         return pipe
 
     # -- per-call checks: metadata only --------------------------------------------------------
@@ -281,12 +340,15 @@ class Plan:
         p = self.problem
         return (f"Plan({p.num_seqs} seqs x {p.query_length} queries, {p.num_q_heads}/{p.num_kv_heads} heads, "
                 f"head_dim {p.head_dim}, block {p.block_size}, {p.arch}, {self.num_partitions} partition(s)"
-                + (", balanced)" if self._balanced else ")"))
+                + (", balanced" if self._balanced else "") + (", batch-invariant" if self.batch_invariant else "")
+                + (f", soft-cap {p.soft_cap:g}" if p.soft_cap else "") + (", sinks" if p.sinks else "")
+                + (", lse" if p.lse else "") + ")")
 
 
 def plan(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale, *,
          softmax_scale=None, sliding_window=0, query_length=None, workspace=None, num_partitions=None,
-         m_tiles=None, arch=None, check_values=None, schedule=None, chunk_tiles=None) -> Plan:
+         m_tiles=None, arch=None, check_values=None, schedule=None, chunk_tiles=None, sinks=None,
+         logits_soft_cap=None, return_lse=False, batch_invariant=False) -> Plan:
     """Validate a batch once and fix what its layers share; -> :class:`Plan`.
 
     Arguments as :func:`paged_decode`. ``check_values``: read context lengths, page ids and scales
@@ -294,29 +356,28 @@ def plan(query, key_cache, value_cache, block_tables, context_lengths, key_scale
     it is free; ``True`` on a GPU costs one host sync, here, not in ``run``. Allocates the
     workspace unless one is given (``make_workspace``). ``chunk_tiles``: the fewest 256-token
     tiles of a balanced split's chunk (None: ``s6.chunk_floor``, the traffic cap, for the chosen
-    split; 1 for an explicit ``num_partitions``, honoured as the uniform split honours it)."""
+    split; 1 for an explicit ``num_partitions``, honoured as the uniform split honours it); with
+    ``batch_invariant`` every chunk's size (:func:`_split`)."""
     p = _describe(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale,
                   softmax_scale=softmax_scale, sliding_window=sliding_window, query_length=query_length,
-                  m_tiles=m_tiles, arch=arch, check_values=check_values)
-    parts = _partitions(p, num_partitions, m_tiles)
-    sched = s6.choose_schedule(parts, schedule)
+                  m_tiles=m_tiles, arch=arch, check_values=check_values, sinks=sinks,
+                  logits_soft_cap=logits_soft_cap, return_lse=return_lse)
+    parts, sched, chunk_tiles = _split(p, num_partitions, schedule, chunk_tiles, batch_invariant)
     ws = _workspace(p, parts, m_tiles, workspace, sched)
-    if chunk_tiles is None:  # the chosen split keeps the traffic cap; an explicit one is honoured to the tile
-        chunk_tiles = s6.chunk_floor(p.head_dim, p.group, p.query_length, block_size=p.block_size,
-                                     per_token=p.per_token) if num_partitions is None else 1
-    else:
-        problem.int_option(chunk_tiles, "chunk_tiles", 1, 1 << 20)
     pl = Plan(p, parts, m_tiles, ws, block_tables, context_lengths, key_scale, value_scale,
               (query.shape, query.dtype, query.device, query.stride()),
               {"key_cache": (key_cache.shape, key_cache.dtype, key_cache.device),
-               "value_cache": (value_cache.shape, value_cache.dtype, value_cache.device)}, sched, chunk_tiles)
+               "value_cache": (value_cache.shape, value_cache.dtype, value_cache.device)}, sched, chunk_tiles,
+              sinks, batch_invariant)
     return pl if _tracing(query) else pl.refresh()
 
 
 def paged_decode(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale, *,
                  softmax_scale=None, sliding_window=0, query_length=None, out=None, workspace=None,
-                 num_partitions=None, m_tiles=None, arch=None, schedule=None):
-    """fp8 paged decode attention (the finished pa_tile kernel); returns ``out``.
+                 num_partitions=None, m_tiles=None, arch=None, schedule=None, sinks=None, logits_soft_cap=None,
+                 return_lse=False, lse=None, batch_invariant=False):
+    """fp8 paged decode attention (the finished pa_tile kernel); returns ``out``, or ``(out, lse)``
+    with ``return_lse=True``.
 
     ``query`` [num_seqs·query_length, num_q_heads, head_dim] f16/bf16 (row ``s·query_length + i`` is
     draft ``i`` of sequence ``s``, the last ``query_length`` positions, causally masked; rows and
@@ -334,22 +395,44 @@ def paged_decode(query, key_cache, value_cache, block_tables, context_lengths, k
     (``make_workspace``) given, nothing is allocated: the call can be captured in a CUDA/HIP graph.
     ``arch`` defaults to the tensors' device (the emulator's for CPU tensors).
 
+    Serving math (chapter 08), each a compile-time specialization (off: the kernels' machine code
+    is unchanged):
+
+    * ``sinks``: float32 ``[num_q_heads]``, one logit per query head in natural-log units, not
+      multiplied by ``softmax_scale`` (gpt-oss): each row's softmax denominator gains
+      ``exp(sinks[h])``, V gains nothing. -inf is no sink.
+    * ``logits_soft_cap``: ``cap · tanh(s / cap)`` on the scaled logits ``s`` before masking
+      (Gemma 2); None: none.
+    * ``return_lse``: also return ``lse``, float32 ``[query rows, num_q_heads]``, the natural log
+      of each row's softmax denominator (``softmax_scale`` applied), written into ``lse`` if given.
+      It includes the sink: it is the denominator ``out`` was divided by, so ``(out, lse)`` is an
+      attention state that :func:`pa_tile.merge_states` merges exactly with one over other keys
+      (give the sinks to one of the parts only). -inf for a row with no key.
+    * ``batch_invariant``: a sequence's output is bitwise the same whatever batch it sits in and
+      wherever: its keys are split into fixed chunks of ``s6.chunk_floor`` tiles (a balanced work
+      list whose chunk size does not depend on the batch) and always merged by the reduce.
+
     Checks (``pa_tile.problem``): every argument's kind, dtype, shape, layout and device, before any
     launch; values (context lengths, page ids, scale values) only for CPU tensors, where reading
     them is free; use ``plan(..., check_values=True)`` to check them once on a GPU.
     """
+    if lse is not None and return_lse is not True:
+        raise ValueError("lse: a buffer for the log-sum-exp was given without return_lse=True")
     if _tracing(query):  # torch.compile / fake tensors: the op plans outside the traced region
         return _via_op(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale,
                        softmax_scale, sliding_window, query_length, out, workspace, num_partitions, m_tiles, arch,
-                       schedule)
-    tensors = (query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale, workspace)
-    key = _call_key(tensors, (softmax_scale, sliding_window, query_length, num_partitions, m_tiles, arch, schedule))
+                       schedule, sinks, logits_soft_cap, return_lse, lse, batch_invariant)
+    tensors = (query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale, workspace,
+               sinks)
+    key = _call_key(tensors, (softmax_scale, sliding_window, query_length, num_partitions, m_tiles, arch, schedule,
+                              logits_soft_cap, repr(return_lse), repr(batch_invariant)))
     pl = _plans.get(key) if key is not None else None
     if pl is None:
         pl = plan(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale,
                   softmax_scale=softmax_scale, sliding_window=sliding_window, query_length=query_length,
                   workspace=workspace, num_partitions=num_partitions, m_tiles=m_tiles, arch=arch,
-                  schedule=schedule)
+                  schedule=schedule, sinks=sinks, logits_soft_cap=logits_soft_cap, return_lse=return_lse,
+                  batch_invariant=batch_invariant)
         # a plan owning its workspace is not shared between calls (streams could overlap on it)
         if key is not None and (workspace is not None or not pl.splits):
             if len(_plans) >= _MAX_PLANS:
@@ -358,9 +441,9 @@ def paged_decode(query, key_cache, value_cache, block_tables, context_lengths, k
     else:
         # the same call as before, by every tensor's metadata and memory: only the values may differ
         if query.device.type == "cpu":
-            problem.check_values(pl.problem, block_tables, context_lengths, key_scale, value_scale, query)
+            problem.check_values(pl.problem, block_tables, context_lengths, key_scale, value_scale, query, sinks)
         pl.refresh()  # a balanced split's work follows the lengths' values
-    return pl.run(query, key_cache, value_cache, out=out)
+    return pl.run(query, key_cache, value_cache, out=out, lse=lse)
 
 
 def _scale_tensor(x, name, device):
@@ -371,18 +454,23 @@ def _scale_tensor(x, name, device):
 
 
 def _via_op(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale, softmax_scale,
-            sliding_window, query_length, out, workspace, num_partitions, m_tiles, arch, schedule):
+            sliding_window, query_length, out, workspace, num_partitions, m_tiles, arch, schedule, sinks,
+            logits_soft_cap, return_lse, lse, batch_invariant):
     """``paged_decode`` while PyTorch traces: the arguments as given into the op (``op_fake``
     validates them at trace time, ``op_impl`` plans and launches at run time)."""
     problem.need_tensor(query, "query")
+    if not isinstance(return_lse, bool):
+        raise TypeError(f"return_lse: expected a bool, got {type(return_lse).__name__}")
     if out is None:
         out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
+    if return_lse and lse is None:
+        lse = torch.empty(query.shape[:2], dtype=torch.float32, device=query.device)
     torch.ops.pa_tile.paged_decode(query, key_cache, value_cache, block_tables, context_lengths,
                                    _scale_tensor(key_scale, "key_scale", query.device),
                                    _scale_tensor(value_scale, "value_scale", query.device), out, workspace,
                                    softmax_scale, sliding_window, query_length, num_partitions, m_tiles, arch,
-                                   schedule)
-    return out
+                                   schedule, None, sinks, logits_soft_cap, lse, batch_invariant)
+    return (out, lse) if return_lse else out
 
 
 _plans: dict = {}
@@ -414,13 +502,13 @@ def _call_key(tensors, options):
 
 
 def make_workspace(query, key_cache, block_tables, *, query_length=None, num_partitions=None, arch=None,
-                   value_cache=None, context_lengths=None, schedule=None):
+                   value_cache=None, context_lengths=None, schedule=None, batch_invariant=False, chunk_tiles=None):
     """A float32 workspace for ``paged_decode`` calls with these shapes: the same validation of the
     arguments it is given and the same partition choice (and schedule) as the call."""
     p = problem.describe(query, key_cache, value_cache, block_tables, context_lengths, None, None, limits=LIMITS,
                          query_length=query_length, arch=arch)
-    parts = _partitions(p, num_partitions, None)
-    return _workspace(p, parts, None, None, s6.choose_schedule(parts, schedule))
+    parts, sched, _ = _split(p, num_partitions, schedule, chunk_tiles, batch_invariant)
+    return _workspace(p, parts, None, None, sched)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -429,20 +517,24 @@ def make_workspace(query, key_cache, block_tables, *, query_length=None, num_par
 _op_plans: dict = {}
 
 
-def _op_options(softmax_scale, sliding_window, query_length, num_partitions, m_tiles, arch, schedule, chunk_tiles):
+def _op_options(softmax_scale, sliding_window, query_length, num_partitions, m_tiles, arch, schedule, chunk_tiles,
+                logits_soft_cap, lse, batch_invariant):
     return dict(softmax_scale=softmax_scale, sliding_window=sliding_window, query_length=query_length,
-                num_partitions=num_partitions, m_tiles=m_tiles, arch=arch, schedule=schedule, chunk_tiles=chunk_tiles)
+                num_partitions=num_partitions, m_tiles=m_tiles, arch=arch, schedule=schedule, chunk_tiles=chunk_tiles,
+                logits_soft_cap=logits_soft_cap, return_lse=lse is not None, batch_invariant=batch_invariant)
 
 
 def op_impl(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale, out,
             workspace=None, softmax_scale=None, sliding_window=0, query_length=None, num_partitions=None,
-            m_tiles=None, arch=None, schedule=None, chunk_tiles=None) -> None:
+            m_tiles=None, arch=None, schedule=None, chunk_tiles=None, sinks=None, logits_soft_cap=None, lse=None,
+            batch_invariant=False) -> None:
     """``torch.ops.pa_tile.paged_decode`` on real tensors: plan (once per shapes, options and
     workspace), then launch into ``out``. The plan is keyed by metadata, not memory: the block
     tables, lengths and scales of each call are the ones launched with."""
     opts = _op_options(softmax_scale, sliding_window, query_length, num_partitions, m_tiles, arch, schedule,
-                       chunk_tiles)
-    tensors = (query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale, out)
+                       chunk_tiles, logits_soft_cap, lse, batch_invariant)
+    tensors = (query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale, out) + tuple(
+        t for t in (sinks, lse) if t is not None)
     key = None
     if workspace is not None:  # a plan owning its workspace is not shared (streams could overlap on it)
         key = tuple((t.shape, t.dtype, t.device, t.stride()) for t in tensors) + tuple(opts.values()) + (
@@ -450,38 +542,42 @@ def op_impl(query, key_cache, value_cache, block_tables, context_lengths, key_sc
     pl = _op_plans.get(key) if key is not None else None
     if pl is None:
         pl = plan(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale,
-                  workspace=workspace, **opts)
+                  workspace=workspace, sinks=sinks, **opts)
         if key is not None:
             if len(_op_plans) >= _MAX_PLANS:
                 _op_plans.pop(next(iter(_op_plans)))
             _op_plans[key] = pl
     else:
         if query.device.type == "cpu":
-            problem.check_values(pl.problem, block_tables, context_lengths, key_scale, value_scale, query)
+            problem.check_values(pl.problem, block_tables, context_lengths, key_scale, value_scale, query, sinks)
         pl.block_tables, pl.context_lengths = block_tables, context_lengths
         pl.refresh()
     problem.output(pl.problem, query, out)
+    if lse is not None:
+        problem.lse_output(pl.problem, query, lse)
     pl._launch(query, key_cache, value_cache, pl._scale(key_scale, "key_scale"),
-               pl._scale(value_scale, "value_scale"), out)
+               pl._scale(value_scale, "value_scale"), out, pl._sinks(sinks), lse)
 
 
 def op_fake(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale, out,
             workspace=None, softmax_scale=None, sliding_window=0, query_length=None, num_partitions=None,
-            m_tiles=None, arch=None, schedule=None, chunk_tiles=None) -> None:
+            m_tiles=None, arch=None, schedule=None, chunk_tiles=None, sinks=None, logits_soft_cap=None, lse=None,
+            batch_invariant=False) -> None:
     """The op on fake tensors (trace time): every metadata check of the call, no value read,
     nothing launched; a bad argument raises here, named, as the eager call would. Under symbolic
     shapes (dynamic compilation) the checks wait for the real call, which makes them all before
     it launches."""
-    tensors = (query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale, out, workspace)
+    tensors = (query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale, out, workspace,
+               sinks, lse)
     if not all(isinstance(d, int) for t in tensors if t is not None for d in t.shape):
         return
     p = _describe(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale,
                   softmax_scale=softmax_scale, sliding_window=sliding_window, query_length=query_length,
-                  m_tiles=m_tiles, arch=arch, check_values=False)
+                  m_tiles=m_tiles, arch=arch, check_values=False, sinks=sinks, logits_soft_cap=logits_soft_cap,
+                  return_lse=lse is not None)
     problem.output(p, query, out)
-    parts = _partitions(p, num_partitions, m_tiles)
-    sched = s6.choose_schedule(parts, schedule)
+    if lse is not None:
+        problem.lse_output(p, query, lse)
+    parts, sched, _ = _split(p, num_partitions, schedule, chunk_tiles, batch_invariant)
     if workspace is not None:
         _workspace(p, parts, m_tiles, workspace, sched)
-    if chunk_tiles is not None:
-        problem.int_option(chunk_tiles, "chunk_tiles", 1, 1 << 20)

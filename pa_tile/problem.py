@@ -44,7 +44,7 @@ from pa_tile import arch as _arch
 __all__ = ["Limits", "Problem", "describe", "check_values", "check_scales", "resolve_arch", "need_tensor",
            "scale_tensors", "output",
            "int_option", "K_LAYOUTS", "V_LAYOUTS", "QUERY_DTYPES", "MAX_SLIDING_WINDOW", "LOG2E",
-           "MAX_SCORE_LOG2"]
+           "MAX_SCORE_LOG2", "serving_options", "lse_output", "SOFT_CAP_RANGE"]
 
 LOG2E = 1.4426950408889634
 #: torch dtype -> the kernels' name for it
@@ -112,6 +112,10 @@ class Problem:
     per_token: bool
     softmax_scale: float
     sliding_window: int = 0
+    # the serving math (chapter 08): sinks given, the soft-cap (0: none), the log-sum-exp out
+    sinks: bool = False
+    soft_cap: float = 0.0
+    lse: bool = False
 
     @property
     def group(self) -> int:
@@ -309,12 +313,18 @@ def score_bound_log2(problem: Problem, query, key_k_max: float) -> float:
 
 
 def check_values(problem: Problem, block_tables, context_lengths, key_scale=None, value_scale=None,
-                 query=None) -> None:
+                 query=None, sinks=None) -> None:
     """The checks that read tensor values (see the module docstring), each reading only what the
     kernel reads: each context length in ``query_length .. max_blocks·block_size``, the page ids
     inside each context in ``[0, num_blocks)``, the scales (:func:`check_scales`) at the tokens
     inside each context, and, given ``query``, the score bound (:func:`score_bound_log2`) within
-    :data:`MAX_SCORE_LOG2`. A host sync when the tensors are on a GPU."""
+    :data:`MAX_SCORE_LOG2` (not with a soft-cap, which bounds every score by the cap); ``sinks``
+    not NaN or +inf (-inf is no sink). A host sync when the tensors are on a GPU."""
+    if sinks is not None:
+        bad = torch.isnan(sinks) | (sinks == math.inf)
+        if bool(bad.any()):
+            raise ValueError(f"sinks: must not be NaN or +inf (-inf is no sink), got {sinks[bad][0].item()} at "
+                             f"query head {int(bad.nonzero()[0, 0])}")
     ql, room, nb, bs = problem.query_length, problem.max_context, problem.num_blocks, problem.block_size
     # plain Python lists: the check creates no tensor on the device (an allocation-free call
     # stays allocation-free there)
@@ -328,7 +338,7 @@ def check_values(problem: Problem, block_tables, context_lengths, key_scale=None
                 raise ValueError(f"block_tables: entry [{s}, {j}] = {page} is not a page id in [0, {nb})")
     read = context_span(problem, block_tables, context_lengths) if problem.per_token else None
     k_max = check_scales(key_scale, value_scale, read)
-    if query is not None and key_scale is not None:
+    if query is not None and key_scale is not None and not problem.soft_cap:
         bound = score_bound_log2(problem, query, k_max)
         if not bound <= MAX_SCORE_LOG2:
             raise ValueError(f"key_scale: scores may reach {bound:.3g} in log2 units (softmax_scale x log2 e x "
@@ -337,19 +347,67 @@ def check_values(problem: Problem, block_tables, context_lengths, key_scale=None
                              f"could be NaN; rescale the query or the key scale")
 
 
+#: the soft-cap values the kernels take: the cap and 2/cap stay normal float32 numbers in log2 units
+SOFT_CAP_RANGE = (1e-30, 1e30)
+
+
+def serving_options(sinks, logits_soft_cap, return_lse, num_q_heads: int, device) -> float:
+    """Check the serving-math arguments (metadata only, no value read): ``sinks`` None or a
+    contiguous float32 ``[num_q_heads]`` tensor on the query's device; ``logits_soft_cap`` None or
+    a finite number in :data:`SOFT_CAP_RANGE`; ``return_lse`` a bool. Returns the soft-cap as a
+    float (0.0: none)."""
+    if sinks is not None:
+        need_tensor(sinks, "sinks")
+        if sinks.dtype != torch.float32:
+            raise TypeError(f"sinks: expected float32 (one logit per query head, natural-log units), got {sinks.dtype}")
+        if tuple(sinks.shape) != (num_q_heads,) or not sinks.is_contiguous():
+            raise ValueError(f"sinks: expected a contiguous [{num_q_heads}] (num_q_heads) tensor, got "
+                             f"{tuple(sinks.shape)}")
+        if sinks.device != device:
+            raise ValueError(f"sinks: on {sinks.device}, but query is on {device}")
+    if not isinstance(return_lse, bool):
+        raise TypeError(f"return_lse: expected a bool, got {type(return_lse).__name__}")
+    if logits_soft_cap is None:
+        return 0.0
+    if isinstance(logits_soft_cap, bool) or not isinstance(logits_soft_cap, (int, float)):
+        raise TypeError(f"logits_soft_cap: expected a float or None, got {type(logits_soft_cap).__name__}")
+    lo, hi = SOFT_CAP_RANGE
+    if not (math.isfinite(logits_soft_cap) and lo <= logits_soft_cap <= hi):
+        raise ValueError(f"logits_soft_cap: must be finite and in [{lo:g}, {hi:g}] (None: no cap), got "
+                         f"{logits_soft_cap}")
+    return float(logits_soft_cap)
+
+
+def lse_output(problem: Problem, query, lse):
+    """The log-sum-exp buffer: ``lse`` checked (contiguous float32 ``[query rows, num_q_heads]`` on
+    the query's device), or a new one when None."""
+    shape = (query.shape[0], problem.num_q_heads)
+    if lse is None:
+        return torch.empty(shape, dtype=torch.float32, device=query.device)
+    need_tensor(lse, "lse")
+    if lse.dtype != torch.float32 or tuple(lse.shape) != shape or not lse.is_contiguous():
+        raise ValueError(f"lse: expected a contiguous float32 {shape} (query rows, num_q_heads), got "
+                         f"{lse.dtype} {tuple(lse.shape)}")
+    if lse.device != query.device:
+        raise ValueError(f"lse: on {lse.device}, but query is on {query.device}")
+    return lse
+
+
 # ---------------------------------------------------------------------------------------------
 # the one validation step
 
 
 def describe(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale, *,
              limits: Limits, softmax_scale=None, query_length=None, sliding_window=0, arch=None,
-             v_layout=None, check_values_now: Optional[bool] = None) -> Problem:
+             v_layout=None, check_values_now: Optional[bool] = None, sinks=None,
+             logits_soft_cap=None, return_lse=False) -> Problem:
     """Validate a decode call against ``limits``; -> :class:`Problem`.
 
     ``value_cache``, ``context_lengths`` and the scales may be ``None`` for callers that size
     buffers before they have them (``make_workspace``): what is given is checked exactly as a
     full call checks it; ``num_seqs`` then comes from ``block_tables``. ``check_values_now``:
     ``None`` runs :func:`check_values` only when the tensors are on the CPU (free there).
+    ``sinks``, ``logits_soft_cap``, ``return_lse``: the serving math (:func:`serving_options`).
     """
     need_tensor(query, "query")
     device = query.device
@@ -435,17 +493,19 @@ def describe(query, key_cache, value_cache, block_tables, context_lengths, key_s
         raise ValueError(f"sliding_window: stage {limits.stage} has no sliding window")
     int_option(sliding_window, "sliding_window", 0, MAX_SLIDING_WINDOW)
 
+    soft_cap = serving_options(sinks, logits_soft_cap, return_lse, num_q_heads, device)
+
     problem = Problem(
         limits=limits, arch=arch, device=str(device), num_seqs=num_seqs, query_length=query_length,
         num_q_heads=num_q_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, block_size=block_size,
         num_blocks=num_blocks, max_blocks=block_tables.shape[1], q_dtype=QUERY_DTYPES[query.dtype],
         k_layout=k_layout, v_layout=v_layout, per_token=per_token, softmax_scale=float(softmax_scale),
-        sliding_window=sliding_window,
+        sliding_window=sliding_window, sinks=sinks is not None, soft_cap=soft_cap, lse=return_lse,
     )
     if check_values_now is None:
         check_values_now = device.type == "cpu"
     if check_values_now and context_lengths is not None:
-        check_values(problem, block_tables, context_lengths, key_scale, value_scale, query)
+        check_values(problem, block_tables, context_lengths, key_scale, value_scale, query, sinks)
     return problem
 
 

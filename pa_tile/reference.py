@@ -23,10 +23,11 @@ Serving math (the conventions of gpt-oss, Gemma 2, vLLM and FlashInfer):
 * ``sinks`` [num_q_heads] float32, natural-log units, not multiplied by the softmax scale: each row
   of head ``h`` gains ``exp(sinks[h])`` in its softmax denominator and nothing in V (a key that is
   always seen and has a zero value).
-* ``return_lse``: also the natural log of each row's denominator over its keys, ``[rows,
-  num_q_heads]`` float32, ``-inf`` for a row with no key. Sinks are not in it: a row's LSE is a
-  property of its key set, so two attentions over disjoint keys merge by it
-  (``pa_tile.merge_states``) and the sink is added once, to the merged row.
+* ``return_lse``: also the natural log of each row's softmax denominator, ``[rows, num_q_heads]``
+  float32, ``-inf`` for a row with no key (and no sink). The sink is in it: it is the denominator
+  the output was divided by, so ``(out, lse)`` is an attention state over the row's keys plus the
+  sink (a zero-valued key), and two states over disjoint keys merge exactly by it
+  (``pa_tile.merge_states``) when only one of them carries the sink.
 """
 
 from __future__ import annotations
@@ -262,6 +263,7 @@ def paged_attention_reference(
         denom = torch.logaddexp(lse, sinks.to(torch.float32).reshape(1, 1, Hkv, G).to(dev))
         # the softmax with the sink's share of the denominator
         probs = torch.exp(scores - denom[..., None])
+        lse = denom
     out = torch.einsum("sihgt,shtd->sihgd", probs, v).reshape(S * ql, Hq, d).to(query.dtype)
     return (out, lse.reshape(S * ql, Hq)) if return_lse else out
 

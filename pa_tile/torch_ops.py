@@ -12,7 +12,8 @@ fake one validates the metadata, so a bad argument is named at trace time. It is
 without custom_op's Python wrapper around every call (its host cost was most of the op's).
 
 Arguments as ``pa_tile.paged_decode``, with the scales as float32 tensors and ``out`` given; it
-mutates ``out`` and ``workspace`` (``None``: the call allocates its own).
+mutates ``out``, ``workspace`` (``None``: the call allocates its own) and ``lse`` (given: the
+call writes the log-sum-exp there, ``return_lse=True``).
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ SCHEMA = ("paged_decode(Tensor query, Tensor key_cache, Tensor value_cache, Tens
           "Tensor context_lengths, Tensor key_scale, Tensor value_scale, Tensor(a!) out, "
           "Tensor(b!)? workspace=None, float? softmax_scale=None, int sliding_window=0, "
           "int? query_length=None, int? num_partitions=None, int? m_tiles=None, str? arch=None, "
-          "str? schedule=None, int? chunk_tiles=None) -> ()")
+          "str? schedule=None, int? chunk_tiles=None, Tensor? sinks=None, "
+          "float? logits_soft_cap=None, Tensor(c!)? lse=None, bool batch_invariant=False) -> ()")
 
 
 def _impl(*args, **kwargs) -> None:

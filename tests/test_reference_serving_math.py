@@ -41,9 +41,9 @@ def _rows(case, window=0, sinks=None, cap=None):
                 logits = torch.stack([q @ k for k in ks]) * scale
                 if cap is not None:
                     logits = cap * torch.tanh(logits / cap)
-                lses[s * ql + i, h] = torch.logsumexp(logits, 0)
                 if sinks is not None:
                     logits = torch.cat([logits, sinks[h:h + 1]])
+                lses[s * ql + i, h] = torch.logsumexp(logits, 0)  # the sink is in the denominator
                 w = torch.softmax(logits, 0)[: len(vs)]
                 outs[s * ql + i, h] = sum(wj * v for wj, v in zip(w, vs))
     return outs, lses
@@ -63,7 +63,7 @@ def test_serving_math_matches_row_by_row_attention(ql, window, math_on):
     torch.testing.assert_close(lse, want_lse, rtol=1e-5, atol=1e-5)
 
 
-def test_lse_excludes_sinks_and_off_changes_nothing():
+def test_lse_is_the_denominator_with_the_sink_and_off_changes_nothing():
     case = _case()
     args = (case.query, case.k_cache, case.v_cache, case.block_tables, case.context_lengths, case.k_scale,
             case.v_scale)
@@ -71,7 +71,7 @@ def test_lse_excludes_sinks_and_off_changes_nothing():
     out, lse = paged_attention_reference(*args, return_lse=True)
     assert torch.equal(out, plain)
     _, lse_sinks = paged_attention_reference(*args, return_lse=True, sinks=torch.full((8,), 3.0))
-    assert torch.equal(lse, lse_sinks)
+    torch.testing.assert_close(lse_sinks, torch.logaddexp(lse, torch.tensor(3.0)))
     # a sink of -inf is no sink
     torch.testing.assert_close(paged_attention_reference(*args, sinks=torch.full((8,), float("-inf"))).float(),
                                plain.float(), rtol=2e-3, atol=1e-3)  # float16 outputs, exp vs softmax order

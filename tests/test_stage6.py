@@ -92,7 +92,7 @@ def test_reduce_matches_model(arch, S, kvh, NP, ql, g, hd, qdt, device):
     out = torch.full((S * ql, kvh * g, hd), float("nan"), dtype=qdt, device=device)
     launcher = s6.build_reduce(hd, g, ql, "bf16" if qdt == torch.bfloat16 else "f16")
     with toolchain.target_arch(arch):
-        launcher(out, pmax.to(device), psum.to(device), pout.to(device), S, kvh, NP)
+        launcher(out, pmax.to(device), psum.to(device), pout.to(device), S, kvh, NP, pmax, pmax)
     out = out.float().cpu()
     assert torch.isfinite(out).all()  # every row written, none NaN
     want = s6.combine_torch(pmax, psum, pout, ql, g)
@@ -112,9 +112,10 @@ def test_the_reduce_waits_for_memory_once_per_group(arch, balanced):
     out = torch.zeros(S, 8, 128, dtype=torch.float16)
     stats, pout = torch.zeros(S * NP, 1, rows), torch.zeros(S * NP, 1, rows, 128)  # a work list's layout
     if balanced:
-        args = (out, stats, stats, pout, torch.tensor([0, 5, S * NP], dtype=torch.int32), S, 1)
+        args = (out, stats, stats, pout, torch.tensor([0, 5, S * NP], dtype=torch.int32), S, 1, stats, stats)
     else:
-        args = (out, stats.view(S, 1, NP, rows), stats.view(S, 1, NP, rows), pout.view(S, 1, NP, rows, 128), S, 1, NP)
+        args = (out, stats.view(S, 1, NP, rows), stats.view(S, 1, NP, rows), pout.view(S, 1, NP, rows, 128), S, 1, NP,
+                stats, stats)
     asm = toolchain.compile_isa(s6.build_reduce(128, 8, 1, "f16", balanced=balanced), *args, arch=arch)
     st = isa.IsaStats.from_asm(asm)
     lp = st.main_loop

@@ -28,6 +28,7 @@ from pa_tile.kernel_lib import (
     lds_store, mfma, pack_fp8, query_operands, rcp, rsrc, max4, row_max, row_reduce, scalar_load,
     scores, select, splat4, tree_sum, wave_reduce, zero_tail_v,
 )
+from pa_tile.serving_math import finish_row, soft_capped
 
 
 __all__ = ["paged_decode", "paged_decode_partials", "build_launcher", "launch_args", "kernel_args",
@@ -186,11 +187,15 @@ def _mask_scores(s_all, n_hi, n_lo, mt):
 
 
 @device_code
-def masked_scores(c, s, m, t, tok, ctx, hi1, v_words, zero_v):
+def masked_scores(c, s, m, t, tok, ctx, hi1, v_words, zero_v, c_cap=None):
     """M-tile ``m``'s scores ``s`` with the tokens its row may not see at -inf, and ``v_words``
     with the bytes of tokens past the context zeroed if ``zero_v`` (the V just loaded; else passed
     through): ``(s, v_words)``. Without a window only tiles holding a causally hidden or absent
-    token pay for the mask (a branch)."""
+    token pay for the mask (a branch). With a soft-cap (``c.CAP``, chapter 08) every score is
+    capped first, from its factor ``c_cap`` to log2 units; the scores are then in log2 units."""
+    if const_expr(c.CAP > 0):
+        s = fx.Vector.from_elements(soft_capped([s[i] for i in range_constexpr(16)], c_cap, c.CAP),
+                                    dtype=fx.Float32)
     if const_expr(c.W > 0):
         s = _mask_scores(s, [hi1[m] - tok], [hi1[m] - c.W - tok], 1)
     else:
@@ -258,7 +263,8 @@ class Spec:
     follows from them): every piece of the kernel below reads its sizes from here."""
 
     def __init__(self, arch, block_size, head_dim, group, query_length, q_dtype, per_token, trans_v,
-                 sliding_window, num_partitions, m_tiles, work_list=False):
+                 sliding_window, num_partitions, m_tiles, work_list=False, sinks=False,
+                 soft_cap=0.0, lse=False):
         self.BS, self.HD, self.G, self.QL = block_size, head_dim, group, query_length
         self.W, self.NP = sliding_window, num_partitions
         self.per_token, self.trans_v = per_token, trans_v
@@ -267,6 +273,10 @@ class Spec:
         self.WL = work_list
         self.SPLIT = num_partitions > 1 or work_list
         self.NPW = 1 if work_list else num_partitions
+        # the serving math (chapter 08): the soft-cap is applied to every score; a split leaves
+        # sinks and the log-sum-exp to the reduce, which sees the whole row
+        self.CAP = float(soft_cap)
+        self.SINKS, self.LSE = sinks and not self.SPLIT, lse and not self.SPLIT
         self.ROWS, _, self.MT, self.MG = plan(head_dim, group, query_length, m_tiles)
         self.QDT = fx.BFloat16 if q_dtype == "bf16" else fx.Float16
         self.FMAX = fp8_max(arch)
@@ -364,9 +374,11 @@ def _zero_tail_spans(c, v_all, t, ctx, grp):
 
 
 @device_code
-def wide_scores(c, ms, t, tok, ctx, k_words, shared, stats, lane, col, wave, c_qk, hi1, pt):
+def wide_scores(c, ms, t, tok, ctx, k_words, shared, stats, lane, col, wave, c_qk, hi1, pt,
+                c_cap=None):
     """M-tiles ``ms``: their masked raw scores (kept for phase B) and this wave's row max of each
-    to the max table ``[m-tile][row][wave]``."""
+    to the max table ``[m-tile][row][wave]`` (``c_cap``: the factors a soft-cap takes, chapter
+    08)."""
     s_all = []
     for m in ms:
         fx.rocdl.sched_barrier(0)
@@ -375,7 +387,7 @@ def wide_scores(c, ms, t, tok, ctx, k_words, shared, stats, lane, col, wave, c_q
             sc_lds, sc_k, grp = pt
             s = k_scaled(s, sc_lds, sc_k, grp, fenced=False)
         s, _ = masked_scores(c, fx.Vector.from_elements(s, dtype=fx.Float32), m, t, tok, ctx, hi1,
-                             k_words, zero_v=False)
+                             k_words, zero_v=False, c_cap=None if c_cap is None else c_cap[m])
         lds_store(stats, ((m * 16 + col) * WAVES + wave) * 4,
                   fx.Vector.from_elements([row_max(s, c_qk[m])], dtype=fx.Float32))
         s_all.append(s)
@@ -467,7 +479,7 @@ def wide_loop(c, k, wp, t_start, t_end, first_pages):
         for g0 in range_constexpr(0, MT, c.MB):
             ms = list(range(g0, min(g0 + c.MB, MT)))
             s_all = wide_scores(c, ms, t, tok, k.ctx, k_words, k.shared, k.stats, k.lane, k.col,
-                                k.wave, k.c_qk, k.hi1, pt_a)
+                                k.wave, k.c_qk, k.hi1, pt_a, k.c_cap)
             if const_expr(g0 == 0 and not c.V_WITH_K):
                 fx.rocdl.sched_barrier(0)
                 v_all = wide_v(c, wp, v_ids, t, k.ctx, k.grp)  # V after the first group's scores
@@ -491,8 +503,7 @@ def wide_merge_and_write(c, k, res, rows, v_scale, outputs, part, num_kv_heads):
         lds_store(k.stats, ((m * 16 + k.col) * WAVES + k.wave) * 4,
                   fx.Vector.from_elements([lw], dtype=fx.Float32))
     gpu.barrier()
-    o_rs, mx_rs, sm_rs = (rsrc(outputs[0]), None,
-                          None) if const_expr(not c.SPLIT) else tuple(rsrc(t) for t in outputs)
+    o_rs, mx_rs, sm_rs = output_resources(c, outputs)
     for m in range_constexpr(c.MT):
         l4 = lds_load(k.stats, (m * 16 + k.col) * WAVES * 4, WAVES)
         total = (fx.Float32(l4[0]) + fx.Float32(l4[1])) + (fx.Float32(l4[2]) + fx.Float32(l4[3]))
@@ -502,13 +513,18 @@ def wide_merge_and_write(c, k, res, rows, v_scale, outputs, part, num_kv_heads):
         if const_expr(c.SPLIT):
             # empty partition row: 0, not 0·inf
             f = fx.Float32(select(total > 0.0, f, fx.Float32(0.0)))
+        lse2 = None
+        if const_expr(c.SINKS or c.LSE):  # chapter 08
+            f, lse2 = finish_row(c, f, fx.Float32(res[M0 + m]), total, k.sinks_rs,
+                                 k.kvh * c.G + rows[m][2])
         o = [fx.Vector(res[O0 + m * c.CPW + s]) * splat4(f) for s in range_constexpr(c.CPW)]
         write_rows(c, o, fx.Float32(res[M0 + m]), total, rows[m], k.slot, k.kvh, part, k.wave,
-                   k.grp, num_kv_heads, o_rs, mx_rs, sm_rs)
+                   k.grp, num_kv_heads, o_rs, mx_rs, sm_rs, lse2)
 
 
 @device_code
-def write_rows(c, o, mx, total, row, seq, kvh, part, wave, grp, num_kv_heads, o_rs, mx_rs, sm_rs):
+def write_rows(c, o, mx, total, row, seq, kvh, part, wave, grp, num_kv_heads, o_rs, mx_rs, sm_rs,
+               lse2=None):
     r, qi, g = row
     if r < c.ROWS:
         for s in range_constexpr(c.CPW):
@@ -526,6 +542,20 @@ def write_rows(c, o, mx, total, row, seq, kvh, part, wave, grp, num_kv_heads, o_
                     buffer_store(fx.Float32(mx * (1.0 / LOG2E)).bitcast(fx.Int32), mx_rs, prow * 4)
                     buffer_store(fx.Float32(total * (1.0 / c.FMAX)).bitcast(fx.Int32), sm_rs,
                                  prow * 4)
+        if const_expr(lse2 is not None):  # the row's log-sum-exp (chapter 08), natural log
+            if wave == 0:
+                if grp == 0:
+                    out_row = (seq * c.QL + qi) * (num_kv_heads * c.G) + kvh * c.G + g
+                    buffer_store(fx.Float32(lse2 * (1.0 / LOG2E)).bitcast(fx.Int32), mx_rs,
+                                 out_row * 4)
+
+
+def output_resources(c, outputs):
+    """Buffer resources ``(out, max, sum)`` of the kernel's ``outputs``: unsplit ``(out, lse)``,
+    the lse only when written (``c.LSE``); split ``(pout, pmax, psum)``."""
+    if const_expr(c.SPLIT):
+        return tuple(rsrc(t) for t in outputs)
+    return rsrc(outputs[0]), rsrc(outputs[1]) if const_expr(c.LSE) else None, None
 
 
 def lds_layout(c):
@@ -613,7 +643,7 @@ def make_kernel(c):
         key_cache: fx.Tensor, value_cache: fx.Tensor, block_tables: fx.Tensor,
         context_lengths: fx.Tensor, work_list: fx.Tensor, key_scale: fx.Tensor,
         value_scale: fx.Tensor, num_kv_heads: fx.Int32, max_blocks: fx.Int32,
-        q_stride_row: fx.Int32, q_stride_head: fx.Int32, scale_log2: fx.Float32,
+        q_stride_row: fx.Int32, q_stride_head: fx.Int32, scale_log2: fx.Float32, sinks: fx.Tensor,
     ):
         # col: MFMA column = this lane's query row in an M-tile; grp: its 16 tokens of the wave's 64
         tid, wave, lane, col, grp = lane_coords()
@@ -631,13 +661,18 @@ def make_kernel(c):
         stage_query(c, shared, rows, q_rs, seq, kvh, q_stride_row, q_stride_head, wave, lane, grp,
                     live)
         c_qk = score_factors(c, shared, lane, scale_log2, k_scale)
+        c_cap = None
+        if const_expr(c.CAP > 0):  # capped scores are in log2 units already (chapter 08)
+            c_cap, c_qk = c_qk, [fx.Float32(1.0)] * c.MT
         # causal bound of each row: query qi sits at ctx - QL + qi and sees tokens <= it
         hi1 = [ctx - (c.QL - 1) + rows[m][1] for m in range_constexpr(c.MT)]
         k = types.SimpleNamespace(shared=shared, lane=lane, col=col, wave=wave, grp=grp, seq=seq,
-                                  slot=slot, kvh=kvh, ctx=ctx, c_qk=c_qk, hi1=hi1)
+                                  slot=slot, kvh=kvh, ctx=ctx, c_qk=c_qk, hi1=hi1, c_cap=c_cap,
+                                  sinks_rs=rsrc(sinks) if const_expr(c.SINKS) else None)
         if const_expr(c.per_token):
             per_token_slots(k, lds, key_scale, value_scale, wave)
-        outputs = (out,) if const_expr(not c.SPLIT) else (pout, pmax, psum)
+        # unsplit, pmax is the log-sum-exp out (c.LSE)
+        outputs = (out, pmax) if const_expr(not c.SPLIT) else (pout, pmax, psum)
         if const_expr(c.WIDE):  # P·V split by head_dim (chapter 06)
             k.stats = fx.recast_iter(fx.Uint8, lds.stats.ptr)
             k.pslab = fx.recast_iter(fx.Uint8, lds.pslab.ptr)
@@ -646,32 +681,36 @@ def make_kernel(c):
             return
         res = resident_loop(c, k, pages, t_start, t_end, first_pages)  # the appendix's baseline
         merge_and_write(c, lds, shared, res, rows, v_scale, outputs, slot, kvh, part, num_kv_heads,
-                        wave, lane, col, grp)
+                        wave, lane, col, grp, k.sinks_rs)
 
     return pa_decode_s5
 
 
 @functools.lru_cache(maxsize=None)
 def build_launcher(arch, block_size, head_dim, group, query_length, q_dtype="f16", per_token=False,
-                   trans_v=True, sliding_window=0, num_partitions=1, m_tiles=None, work_list=False):
+                   trans_v=True, sliding_window=0, num_partitions=1, m_tiles=None, work_list=False,
+                   sinks=False, soft_cap=0.0, lse=False):
     """The ``@flyc.jit`` launcher for one specialization (every argument is a compile-time constant;
-    the partials of a split are described above; ``work_list``: chapter 6's balanced split)."""
+    the partials of a split are described above; ``work_list``: chapter 6's balanced split;
+    ``sinks``, ``soft_cap``, ``lse``: chapter 08's serving math)."""
     c = Spec(arch, block_size, head_dim, group, query_length, q_dtype, per_token, trans_v,
-             sliding_window, num_partitions, m_tiles, work_list)
+             sliding_window, num_partitions, m_tiles, work_list, sinks, soft_cap, lse)
     # launch(out, pmax, psum, pout, query, ..., value_scale, num_seqs, num_kv_heads, ...,
     #        scale_log2, stream)
     return jit_launcher(make_kernel(c), grid_yz=lambda a: (a["num_kv_heads"] * c.MG, c.NP))
 
 
 def kernel_args(p, first, query, key_cache, value_cache, block_tables, context_lengths, key_scale,
-                value_scale):
+                value_scale, sinks=None):
     """The launcher's arguments for a validated problem ``p``: ``first`` is ``(out, pmax, psum,
     pout)`` (the unsplit kernel writes only ``out``; a split writes only the partials). The work
-    list's place holds ``context_lengths`` again: only chapter 07's balanced split reads one."""
+    list's place holds ``context_lengths`` again: only chapter 07's balanced split reads one; the
+    sinks' place (chapter 08) holds ``key_scale`` when there are none: only ``p.sinks`` reads it."""
     return tuple(first) + (
         query, key_cache.view(torch.uint8), value_cache.view(torch.uint8), block_tables,
         context_lengths, context_lengths, key_scale, value_scale, p.num_seqs, p.num_kv_heads,
         p.max_blocks, query.stride(0), query.stride(1), p.scale_log2,
+        key_scale if sinks is None else sinks,
     )
 
 
@@ -709,7 +748,7 @@ def launcher_for(p, num_partitions=1, m_tiles=None, work_list=False):
     """The compiled-once launcher for a validated problem."""
     return build_launcher(p.arch, p.block_size, p.head_dim, p.group, p.query_length, p.q_dtype,
                           p.per_token, p.v_layout == "trans_blocked", p.sliding_window,
-                          num_partitions, m_tiles, work_list)
+                          num_partitions, m_tiles, work_list, p.sinks, p.soft_cap, p.lse)
 
 
 def launch_args(query, key_cache, value_cache, block_tables, context_lengths, key_scale,
@@ -861,7 +900,8 @@ def exchange_slots(head_dim, m_tiles):
 
 
 @device_code
-def phase_a(c, st, t, tok, ctx, k_words, pages, v_page, shared, lane, c_qk, hi1, per_token_args):
+def phase_a(c, st, t, tok, ctx, k_words, pages, v_page, shared, lane, c_qk, hi1, per_token_args,
+            c_cap=None):
     M0, L0 = 2 + c.MT * c.NCH, 2 + c.MT * c.NCH + c.MT
     if const_expr(c.per_token):
         sc_lds, sc_k, sc_v, k_sc1, v_sc1, wave, grp = per_token_args
@@ -883,7 +923,8 @@ def phase_a(c, st, t, tok, ctx, k_words, pages, v_page, shared, lane, c_qk, hi1,
             # 4 scales at a time, not 16 next to V in flight
             s = k_scaled(s, sc_lds, sc_k, grp, fenced=True)
         s = fx.Vector.from_elements(s, dtype=fx.Float32)
-        s, v_words = masked_scores(c, s, m, t, tok, ctx, hi1, v_words, zero_v=m == c.MT - 1)
+        s, v_words = masked_scores(c, s, m, t, tok, ctx, hi1, v_words, zero_v=m == c.MT - 1,
+                                   c_cap=None if c_cap is None else c_cap[m])
         mx = fmax(fx.Float32(st[M0 + m]), row_max(s, c_qk[m]))
         v_weight = functools.partial(lane_scales, sc_lds, sc_v,
                                      grp) if const_expr(c.per_token) else None
@@ -902,22 +943,27 @@ def phase_a(c, st, t, tok, ctx, k_words, pages, v_page, shared, lane, c_qk, hi1,
 
 
 def merge_and_write(c, lds, shared, res, rows, v_scale, outputs, seq, kvh, part, num_kv_heads,
-                    wave, lane, col, grp):
+                    wave, lane, col, grp, sinks_rs=None):
     """After the loop: merge the four waves' results (``res``, the loop state), one M-tile at a time
-    with ``XS`` d-chunk slots per exchange round, and write each M-tile's rows."""
+    with ``XS`` d-chunk slots per exchange round, and write each M-tile's rows (with chapter 08's
+    sinks and log-sum-exp when on)."""
     O0, M0, L0 = 2, 2 + c.MT * c.NCH, 2 + c.MT * c.NCH + c.MT
     stats = fx.recast_iter(fx.Uint8, lds.stats.ptr)
     store_stats(stats, [res[M0 + m] for m in range_constexpr(c.MT)],
                 [res[L0 + m] for m in range_constexpr(c.MT)], wave, col)
     gpu.barrier()  # also: every wave is past its last read of the staged query
-    o_rs, mx_rs, sm_rs = (rsrc(outputs[0]), None,
-                          None) if const_expr(not c.SPLIT) else tuple(rsrc(t) for t in outputs)
+    o_rs, mx_rs, sm_rs = output_resources(c, outputs)
     for m in range_constexpr(c.MT):
         o_w = [res[O0 + m * c.NCH + j] for j in range_constexpr(c.NCH)]
         o, mx, total = merge_weights(stats, m, col, res[M0 + m], o_w, v_scale, c.SPLIT)
+        lse2 = None
+        if const_expr(c.SINKS or c.LSE):
+            g, lse2 = finish_row(c, fx.Float32(1.0), mx, total, sinks_rs, kvh * c.G + rows[m][2])
+            if const_expr(c.SINKS):
+                o = [fx.Vector(x) * splat4(g) for x in o]
         o = exchange(shared, o, wave, lane, c.XS, m < c.MT - 1)
         write_rows(c, o, mx, total, rows[m], seq, kvh, part, wave, grp, num_kv_heads, o_rs, mx_rs,
-                   sm_rs)
+                   sm_rs, lse2)
 
 
 @device_code
@@ -944,7 +990,7 @@ def resident_loop(c, k, pages, t_start, t_end, first_pages):
         tok = t * TILE + k.wave * SPAN + k.grp * 16  # the lane's first token
         p_all, corr_all, m_new, l_next, v_words, pt = phase_a(c, st, t, tok, k.ctx, k_words, pages,
                                                               v_page, k.shared, k.lane, k.c_qk,
-                                                              k.hi1, pt_args)
+                                                              k.hi1, pt_args, k.c_cap)
         # phase B: every M-tile's P·V on V's registers (V as A, P as B: O is [d, row])
         o_next = phase_b([st[O0 + i] for i in range_constexpr(MT * NCH)], v_words, p_all, corr_all,
                          pt)

@@ -17,12 +17,13 @@ import torch
 
 import flydsl.compiler as flyc
 import flydsl.expr as fx
-from flydsl.expr import gpu, range_constexpr
+from flydsl.expr import const_expr, gpu, range_constexpr
 
 from pa_tile import arch as _arch
 from pa_tile.kernel_lib import (LOG2E, TILE, buffer_load, buffer_store, device_code, exp2, fmax,
                                 imin,
                                 rcp, rsrc, scalar_load, select, splat4)
+from pa_tile.serving_math import log2, with_sink
 from pa_tile.stages import s5_phase_split_mtp as s5
 
 __all__ = ["paged_decode", "launch_args", "build_reduce", "combine_torch", "choose_num_partitions",
@@ -70,11 +71,12 @@ def combine_torch(pmax, psum, pout, query_length, group):
                      d).permute(0, 2, 1, 3, 4).reshape(S * query_length, kvh * group, d)
 
 
-def reduce_geometry(head_dim, group, query_length, q_dtype="f16"):
+def reduce_geometry(head_dim, group, query_length, q_dtype="f16", sinks=False, lse=False):
     """The reduce's compile-time sizes for one (head_dim, group, query_length, query dtype),
     checked: ``HD``, ``G``, ``QL``; ``ROWS`` query rows per (sequence, KV head); ``LPR`` lanes
     per row (4 channels, one dwordx4, each); ``RPW`` rows per workgroup; ``GRID_Z`` workgroups
-    per (sequence, KV head); ``QDT`` the output dtype."""
+    per (sequence, KV head); ``QDT`` the output dtype; ``SINKS``, ``LSE``: chapter 08's sinks
+    and log-sum-exp out."""
     if head_dim % 64 or not 64 <= head_dim <= 256:
         raise ValueError(f"unsupported head_dim={head_dim} (64, 128 or 256)")
     if not (1 <= group <= s5.LIMITS.max_group and 1 <= query_length <= s5.LIMITS.max_query_length):
@@ -83,7 +85,7 @@ def reduce_geometry(head_dim, group, query_length, q_dtype="f16"):
     lanes = head_dim // 4  # lanes per row: 4 channels (one dwordx4) each
     rows_per_wg = REDUCE_THREADS // lanes
     return types.SimpleNamespace(HD=head_dim, G=group, QL=query_length, ROWS=rows, LPR=lanes,
-                                 RPW=rows_per_wg,
+                                 RPW=rows_per_wg, SINKS=sinks, LSE=lse,
                                  QDT=fx.BFloat16 if q_dtype == "bf16" else fx.Float16,
                                  GRID_Z=(rows + rows_per_wg - 1) // rows_per_wg)
 
@@ -124,9 +126,12 @@ def merge_partition_group(st, maxes, sums, outs, ninf, zero):
 
 
 @device_code
-def combine_partitions(c, out, pmax, psum, pout, num_kv_heads, z0, z1, first, stride):
+def combine_partitions(c, out, pmax, psum, pout, num_kv_heads, z0, z1, first, stride, sinks,
+                       lse):
     """Merge partitions ``z0(seq) .. z1(seq)`` of this thread's row, whose stats sit at float
-    ``first(seq, kvh) + z·stride``, and write its 4 channels (``c``: ``reduce_geometry``)."""
+    ``first(seq, kvh) + z·stride``, and write its 4 channels (``c``: ``reduce_geometry``; with
+    ``c.SINKS`` the row's sink joins the denominator, with ``c.LSE`` its log-sum-exp goes to
+    ``lse``: chapter 08)."""
     tid = fx.Int32(gpu.thread_id("x"))
     seq = fx.Int32(gpu.block_id("x"))
     kvh = fx.Int32(gpu.block_id("y"))
@@ -147,55 +152,72 @@ def combine_partitions(c, out, pmax, psum, pout, num_kv_heads, z0, z1, first, st
         res = yield [m_new, den, acc]
     den = fx.Float32(res[1])
     inv = fx.Float32(select(den > 0.0, rcp(den), zero))
+    qi = rc // c.G
+    lse2 = None
+    if const_expr(c.SINKS or c.LSE):
+        # the keys' log-sum-exp in log2 units: -inf when no partition saw a key (M = -inf, den 0)
+        lse2 = fx.Float32(res[0]) * LOG2E + log2(den)
+        if const_expr(c.SINKS):
+            sink2 = buffer_load(rsrc(sinks), (kvh * c.G + rc - qi * c.G) * 4, 1).bitcast(
+                fx.Float32) * LOG2E
+            g, lse2 = with_sink(lse2, sink2)
+            inv = inv * g
     o = fx.Vector(res[2]) * splat4(inv)
     if r < c.ROWS:
-        qi = rc // c.G
         orow = (seq * c.QL + qi) * (num_kv_heads * c.G) + kvh * c.G + (rc - qi * c.G)
         buffer_store(o.to(c.QDT).bitcast(fx.Int32), o_rs, (orow * c.HD + d0) * 2)
+        if const_expr(c.LSE):
+            if d0 == 0:
+                buffer_store(fx.Float32(lse2 * (1.0 / LOG2E)).bitcast(fx.Int32), rsrc(lse),
+                             orow * 4)
 
 
 @functools.lru_cache(maxsize=None)
-def build_reduce(head_dim, group, query_length, q_dtype="f16", balanced=False):
+def build_reduce(head_dim, group, query_length, q_dtype="f16", balanced=False, sinks=False,
+                 lse=False):
     """The ``@flyc.jit`` flash-combine ``launch(out, pmax, psum, pout, num_seqs, num_kv_heads,
-    num_partitions)`` for one (head_dim, group, query_length, query dtype): partials ``pmax``/
+    num_partitions, sinks, lse)`` for one (head_dim, group, query_length, query dtype): partials ``pmax``/
     ``psum`` [S, kvh, NP, rows], ``pout`` [S, kvh, NP, rows, head_dim] (float32) -> ``out``
     [S·query_length, kvh·group, head_dim] (f16/bf16) = ``Σ w·o / Σ w``, ``w = ℓ·exp(m - max m)``
     (live partitions; 0 where ℓ = 0, ``out`` 0 if Σ w = 0). ``balanced``: a work list's partials
     [entries, kvh, rows(, head_dim)], ``launch(out, pmax, psum, pout, offsets, num_seqs,
-    num_kv_heads)``: sequence s merges entries ``offsets[s] .. offsets[s+1]``."""
-    c = reduce_geometry(head_dim, group, query_length, q_dtype)
+    num_kv_heads, sinks, lse)``: sequence s merges entries ``offsets[s] .. offsets[s+1]``.
+    ``sinks``/``lse`` (chapter 08): read/written only when their flag is set (else any tensor)."""
+    c = reduce_geometry(head_dim, group, query_length, q_dtype, sinks, lse)
     ROWS, GRID_Z = c.ROWS, c.GRID_Z
     if balanced:
         @flyc.kernel(known_block_size=(REDUCE_THREADS, 1, 1))
         def pa_reduce_s6_listed(out: fx.Tensor, pmax: fx.Tensor, psum: fx.Tensor, pout: fx.Tensor,
-                                offsets: fx.Tensor, num_kv_heads: fx.Int32):
+                                offsets: fx.Tensor, num_kv_heads: fx.Int32, sinks: fx.Tensor,
+                                lse: fx.Tensor):
             combine_partitions(c, out, pmax, psum, pout, num_kv_heads,
                                lambda seq: scalar_load(offsets, seq),
                                lambda seq: scalar_load(offsets, seq + 1),
-                               lambda seq, kvh: kvh * ROWS, num_kv_heads * ROWS)
+                               lambda seq, kvh: kvh * ROWS, num_kv_heads * ROWS, sinks, lse)
 
         @flyc.jit
         def launch_listed(out: fx.Tensor, pmax: fx.Tensor, psum: fx.Tensor, pout: fx.Tensor,
                           offsets: fx.Tensor, num_seqs: fx.Int32, num_kv_heads: fx.Int32,
-                          stream: fx.Stream = fx.Stream(None)):
-            pa_reduce_s6_listed(out, pmax, psum, pout, offsets, num_kv_heads).launch(
+                          sinks: fx.Tensor, lse: fx.Tensor, stream: fx.Stream = fx.Stream(None)):
+            pa_reduce_s6_listed(out, pmax, psum, pout, offsets, num_kv_heads, sinks, lse).launch(
                 grid=(num_seqs, num_kv_heads, GRID_Z), block=(REDUCE_THREADS, 1, 1), stream=stream)
         return launch_listed
 
     @flyc.kernel(known_block_size=(REDUCE_THREADS, 1, 1))
     def pa_reduce_s6(out: fx.Tensor, pmax: fx.Tensor, psum: fx.Tensor, pout: fx.Tensor,
-                     num_kv_heads: fx.Int32, num_partitions: fx.Int32):
+                     num_kv_heads: fx.Int32, num_partitions: fx.Int32, sinks: fx.Tensor,
+                     lse: fx.Tensor):
         combine_partitions(c, out, pmax, psum, pout, num_kv_heads, lambda seq: 0,
                            lambda seq: num_partitions,
                            lambda seq, kvh: (seq * num_kv_heads + kvh) * num_partitions * ROWS,
-                           ROWS)
+                           ROWS, sinks, lse)
 
     @flyc.jit
     def launch(out: fx.Tensor, pmax: fx.Tensor, psum: fx.Tensor, pout: fx.Tensor,
                num_seqs: fx.Int32,
-               num_kv_heads: fx.Int32, num_partitions: fx.Int32,
+               num_kv_heads: fx.Int32, num_partitions: fx.Int32, sinks: fx.Tensor, lse: fx.Tensor,
                stream: fx.Stream = fx.Stream(None)):
-        pa_reduce_s6(out, pmax, psum, pout, num_kv_heads, num_partitions).launch(
+        pa_reduce_s6(out, pmax, psum, pout, num_kv_heads, num_partitions, sinks, lse).launch(
             grid=(num_seqs, num_kv_heads, GRID_Z), block=(REDUCE_THREADS, 1, 1), stream=stream)
 
     return launch
@@ -424,14 +446,15 @@ def work_list_buffers(num_seqs, num_partitions, device):
 
 
 def work_list(context_lengths, num_partitions, min_tiles, *, query_length=1, sliding_window=0,
-              buffers=None):
+              buffers=None, fixed_chunks=False):
     """The balanced split of a batch, on ``context_lengths``' device without reading a value on
     the host: ``(work, offsets)``, ``work`` [``work_entries``, 4] int32 rows (sequence, first tile,
     end tile, 0), ``offsets`` [S + 1] int32 (sequence s owns entries
     ``offsets[s] .. offsets[s+1]``). Chunks of ``per = max(min_tiles, ceil(total /
     (S·num_partitions)))`` tiles, the tiles a sliding window skips left out. Every op writes
     into ``buffers`` (:func:`work_list_buffers`; None: allocated here), so with them given
-    nothing is allocated."""
+    nothing is allocated. ``fixed_chunks``: ``per = min_tiles`` whatever the batch (batch
+    invariance, chapter 08; ``num_partitions`` must then cover the longest sequence's chunks)."""
     S = context_lengths.shape[0]
     b = buffers if buffers is not None else work_list_buffers(S, num_partitions,
                                                               context_lengths.device)
@@ -446,8 +469,11 @@ def work_list(context_lengths, num_partitions, min_tiles, *, query_length=1, sli
         first.zero_()
     torch.sub(tiles, first, out=units).clamp_min_(0)
     target = S * num_partitions
-    torch.sum(units, 0, keepdim=True, out=per).add_(target
-                                                    - 1).floor_divide_(target).clamp_min_(min_tiles)
+    if fixed_chunks:
+        per.fill_(min_tiles)
+    else:
+        torch.sum(units, 0, keepdim=True, out=per).add_(target
+                                                        - 1).floor_divide_(target).clamp_min_(min_tiles)
     torch.add(units, per, out=chunks).sub_(1).floor_divide_(per)
     torch.cumsum(chunks, 0, out=ends)
     torch.searchsorted(ends, x, right=True, out=seq).clamp_max_(S - 1)
