@@ -229,7 +229,7 @@ def merge_and_write(c, lds, shared, res, rows, v_scale, outputs, seq, kvh, part,
                 o = [fx.Vector(x) * splat4(g) for x in o]
         o = exchange(shared, o, wave, lane, c.XS, m < c.MT - 1)
         write_rows(c, o, mx, total, rows[m], seq, kvh, part, wave, grp, num_kv_heads, o_rs, mx_rs,
-                   sm_rs, lse2)
+                   sm_rs, lse2 if const_expr(c.LSE) else None)
 
 
 # %% [markdown]

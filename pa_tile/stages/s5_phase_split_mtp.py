@@ -519,7 +519,7 @@ def wide_merge_and_write(c, k, res, rows, v_scale, outputs, part, num_kv_heads):
                                  k.kvh * c.G + rows[m][2])
         o = [fx.Vector(res[O0 + m * c.CPW + s]) * splat4(f) for s in range_constexpr(c.CPW)]
         write_rows(c, o, fx.Float32(res[M0 + m]), total, rows[m], k.slot, k.kvh, part, k.wave,
-                   k.grp, num_kv_heads, o_rs, mx_rs, sm_rs, lse2)
+                   k.grp, num_kv_heads, o_rs, mx_rs, sm_rs, lse2 if const_expr(c.LSE) else None)
 
 
 @device_code
@@ -745,10 +745,13 @@ def _describe(query, key_cache, value_cache, block_tables, context_lengths, key_
 
 
 def launcher_for(p, num_partitions=1, m_tiles=None, work_list=False):
-    """The compiled-once launcher for a validated problem."""
+    """The compiled-once launcher for a validated problem (a split's partial kernel is the same
+    with or without sinks and the log-sum-exp: the reduce adds them)."""
+    unsplit = num_partitions == 1 and not work_list
     return build_launcher(p.arch, p.block_size, p.head_dim, p.group, p.query_length, p.q_dtype,
                           p.per_token, p.v_layout == "trans_blocked", p.sliding_window,
-                          num_partitions, m_tiles, work_list, p.sinks, p.soft_cap, p.lse)
+                          num_partitions, m_tiles, work_list, p.sinks and unsplit, p.soft_cap,
+                          p.lse and unsplit)
 
 
 def launch_args(query, key_cache, value_cache, block_tables, context_lengths, key_scale,
@@ -963,7 +966,7 @@ def merge_and_write(c, lds, shared, res, rows, v_scale, outputs, seq, kvh, part,
                 o = [fx.Vector(x) * splat4(g) for x in o]
         o = exchange(shared, o, wave, lane, c.XS, m < c.MT - 1)
         write_rows(c, o, mx, total, rows[m], seq, kvh, part, wave, grp, num_kv_heads, o_rs, mx_rs,
-                   sm_rs, lse2)
+                   sm_rs, lse2 if const_expr(c.LSE) else None)
 
 
 @device_code
