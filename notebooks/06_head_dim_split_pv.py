@@ -1024,7 +1024,7 @@ show.md(text)
 # ```
 #
 # Its figures at block 16, head_dim 128, group 8, `query_length` 1, bf16 query, just below. After
-# them, what the timing model (chapter 08) predicts for this stage against stage 4 at the shape
+# them, what the timing model (chapter 09) predicts for this stage against stage 4 at the shape
 # every chapter ends with: a model, not a measurement. Both loops wait out one memory latency per
 # tile (stage 4 by its K prefetch, this stage by issuing V with K), so they tie there. What M-tiles
 # buy is not in that shape: stage 4 cannot run multi-token decode or groups beyond 16 at all.

@@ -1291,8 +1291,8 @@ if backend.current_backend() == "emu":  # the model samples its kernels in the e
 
 {pred}
 
-Chapter 08 sets every stage, upstream's measured time and the model's error side by side."""))
+Chapter 09 sets every stage, upstream's measured time and the model's error side by side."""))
 else:
     print(
         "skipped on a GPU: the timing model samples its kernels in the emulator (run this chapter")
-    print("with PA_TILE_BACKEND=emu for its prediction); chapter 08 times the stages on this GPU")
+    print("with PA_TILE_BACKEND=emu for its prediction); chapter 09 times the stages on this GPU")

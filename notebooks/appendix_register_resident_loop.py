@@ -377,7 +377,7 @@ show.md(f"""
 # MFMAs. A tile then waits for memory twice in series. At decode batch sizes nothing covers
 # either wait (16 sequences of one KV head are 16 workgroups, about one per CU). Chapter 06
 # issues V with K wherever the registers allow (`v_with_k`). Both orders, compiled, emulated and
-# walked by the timing model of chapter 08 (MI300X; a model, not a measurement): registers,
+# walked by the timing model of chapter 09 (MI300X; a model, not a measurement): registers,
 # waves, memory latencies one tile waits out in series, and the PREDICTED time of this stage and
 # of chapter 07's finished kernel at the shape every chapter ends with.
 

@@ -12,7 +12,7 @@
 # %% [markdown]
 # # Appendix · Validating the timing model
 #
-# Chapter 08 ([Performance](08_performance.ipynb)) predicts every stage's time with
+# Chapter 09 ([Performance](09_performance.ipynb)) predicts every stage's time with
 # `pa_tile.perf.model` and labels each figure PREDICTED. This appendix says how far to trust those
 # predictions: what the model is checked against, how it scores, where it misses and why, and
 # what was tried and dropped. It reads the committed reports (`pa_tile/data/model_validation.json`

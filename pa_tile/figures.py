@@ -686,7 +686,7 @@ def kernel_map(*, head_dim: int, group: int, waves: int, wave_lanes: int, tile_t
 
 
 # ---------------------------------------------------------------------------------------------
-# chapter 08
+# chapter 09
 
 def roofline(shapes, gpus: Sequence[str] = ("MI300X", "MI355X"), *, whole_pages: bool = False):
     """Log-log time floor (bytes / HBM bandwidth) against context length: one colour per
@@ -1103,5 +1103,61 @@ def m_tile_predictions(panels: Mapping[str, Mapping[str, tuple]], *, note: str =
         _style(ax, gpu, "sequences (8 KV heads each)", "predicted µs")
         ax.legend(fontsize=FONT - 1, loc="upper left")
     fig.suptitle("PREDICTED by pa_tile.perf.model (not measured)" + (f": {note}" if note else ""), fontsize=FONT + 1)
+    fig.tight_layout()
+    return fig
+
+
+# ---------------------------------------------------------------------------------------------
+# chapter 08
+
+def serving_math_map(features: Mapping[str, Sequence[str]]):
+    """Where each piece of the serving math runs: one box per place in the finished kernel (the
+    main loop, the unsplit epilogue, the split's reduce), listing what it does there.
+    ``features[place]`` holds the lines of that box, in order; a line starting ``+`` is one the
+    serving math adds (drawn in colour), the others are what the place did before."""
+    plt = _plt()
+    from matplotlib.patches import FancyBboxPatch
+
+    fig, ax = plt.subplots(figsize=(WIDTH, 3.0))
+    n = len(features)
+    width, gap = 0.30, (1.0 - 0.30 * n) / (n + 1)
+    for i, (place, lines) in enumerate(features.items()):
+        x0 = gap + i * (width + gap)
+        ax.add_patch(FancyBboxPatch((x0, 0.05), width, 0.78, boxstyle="round,pad=0.01", fc="#f4f4f4", ec="0.4"))
+        ax.text(x0 + width / 2, 0.9, place, ha="center", va="bottom", fontsize=FONT + 1, weight="bold")
+        for k, line in enumerate(lines):
+            added = line.startswith("+")
+            ax.text(x0 + 0.012, 0.76 - 0.1 * k, line.lstrip("+ "), ha="left", va="top", fontsize=FONT,
+                    color=OKABE_ITO[5] if added else "0.25", weight="bold" if added else "normal")
+        if i < n - 1:
+            ax.annotate("", xy=(x0 + width + gap * 0.9, 0.45), xytext=(x0 + width + gap * 0.1, 0.45),
+                        arrowprops=dict(arrowstyle="->", color="0.4"))
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, 1.02)
+    ax.axis("off")
+    fig.legend(handles=_patches(["what the kernel did before", "what the serving math adds"],
+                                ["0.25", OKABE_ITO[5]]), loc="lower center", ncol=2, fontsize=FONT)
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    return fig
+
+
+def chunkings(tiles: int, cuts: Mapping[str, Sequence[tuple]]):
+    """One sequence of ``tiles`` 256-token tiles, cut into chunks in different settings (batch,
+    mode): ``cuts[label]`` its chunks as ``(first tile, end tile)``, one row each, a colour per
+    chunk. Where its cuts move with the batch, so do its output bits."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(WIDTH, 0.42 * len(cuts) + 0.9))
+    for row, (label, chunks) in enumerate(cuts.items()):
+        for k, (t0, t1) in enumerate(chunks):
+            if t1 > t0:
+                ax.barh(row, t1 - t0, left=t0, height=0.7, color=LINE_COLORS[k % len(LINE_COLORS)],
+                        edgecolor="white", lw=1.2)
+                ax.text((t0 + t1) / 2, row, f"{t0}..{t1 - 1}", ha="center", va="center", fontsize=FONT - 1)
+    ax.set_yticks(range(len(cuts)), list(cuts), fontsize=FONT)
+    ax.invert_yaxis()
+    ax.set_xlim(0, tiles)
+    ax.grid(axis="x", alpha=0.3)
+    _style(ax, f"the watched sequence's {tiles} tiles: one bar per workgroup chunk (tiles first..last)",
+           "256-token tile", None)
     fig.tight_layout()
     return fig

@@ -15,7 +15,7 @@ from pa_tile.stages import s6_split_k as s6
 ROOT = Path(__file__).resolve().parent.parent
 NB = ROOT / "notebooks"
 CH07 = NB / "07_split_k_and_the_finished_kernel.ipynb"
-CH08 = NB / "08_performance.ipynb"
+CH08 = NB / "09_performance.ipynb"
 APPENDICES = {CH07: "appendix_split_k_choices", CH08: "appendix_timing_model_validation"}
 ALL = [CH07, CH08, *(NB / f"{a}.ipynb" for a in APPENDICES.values())]
 

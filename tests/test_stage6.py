@@ -106,7 +106,7 @@ def test_reduce_matches_model(arch, S, kvh, NP, ql, g, hd, qdt, device):
 @pytest.mark.parametrize("balanced", [False, True])
 def test_the_reduce_waits_for_memory_once_per_group(arch, balanced):
     """One loop, and every load of a group (stats and output of REDUCE_GROUP partitions) issued
-    before its first wait: a wait per partition made the reduce a third of chapter 08's call in
+    before its first wait: a wait per partition made the reduce a third of chapter 09's call in
     the timing model (the loop's latency, ``pa_tile.perf.model``)."""
     S, NP, rows = 2, 6, 8
     out = torch.zeros(S, 8, 128, dtype=torch.float16)

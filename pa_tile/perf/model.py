@@ -890,11 +890,12 @@ class Grid:
     regular: bool = False
 
 
-def grid_of(shape: DecodeShape, partitions: int = 1, schedule: str = "uniform") -> Grid:
+def grid_of(shape: DecodeShape, partitions: int = 1, schedule: str = "uniform", fixed_chunks: bool = False) -> Grid:
     """The grid of stage 6's kernel for ``shape`` split into ``partitions`` laid out by ``schedule``
     ("uniform": sequence s's ``ceil(t_s / P)``-tile ranges, as chapter 5's ``tile_range``;
     "balanced": chapter 07's work list, ``s6.work_list`` run on the shape's context lengths with
-    the chosen split's chunk floor, ``s6.chunk_floor``)."""
+    the chosen split's chunk floor, ``s6.chunk_floor``; ``fixed_chunks``: chunks of exactly that
+    floor, batch invariance's, chapter 08)."""
     tiles_seq = [-(-L // TILE) for L in shape.context_lengths]
     if schedule == "balanced":
         import torch
@@ -904,7 +905,7 @@ def grid_of(shape: DecodeShape, partitions: int = 1, schedule: str = "uniform") 
         floor = s6.chunk_floor(shape.head_dim, shape.group, shape.query_length, block_size=shape.block_size,
                                per_token=shape.scales == "per-token", query_bytes=shape.query_bytes)
         work, offsets = s6.work_list(torch.tensor(shape.context_lengths, dtype=torch.int32), partitions, floor,
-                                     query_length=shape.query_length)
+                                     query_length=shape.query_length, fixed_chunks=fixed_chunks)
         x = (work[:, 2] - work[:, 1]).clamp_min(0).tolist()
         return Grid([x], len(x), (offsets[1:] - offsets[:-1]).tolist(), len(set(x)) == 1)
     rows = []
@@ -1130,10 +1131,11 @@ def predict(*, shape: DecodeShape, hw, per_tile: Dict[str, float], fixed: Dict[s
 
 def predict_stage(stage: str, shape: DecodeShape, gpu: str = "mi300x", *, sample: Optional[Sample] = None,
                   partitions: Optional[int] = None, hw_overrides: Optional[Dict[str, float]] = None,
-                  hot_cache: bool = False, schedule: Optional[str] = None) -> Prediction:
+                  hot_cache: bool = False, schedule: Optional[str] = None, fixed_chunks: bool = False) -> Prediction:
     """Predict ``stage`` at ``shape`` on ``gpu``: emulate a sample (unless given), walk its code,
     pick the split the stage would pick (and, for stage 6, its ``schedule``: None takes what
-    ``s6.choose_schedule`` takes for that split; :func:`grid_of`), combine."""
+    ``s6.choose_schedule`` takes for that split; :func:`grid_of`), combine. ``fixed_chunks``:
+    the balanced work list of batch invariance (chapter 08)."""
     hwc = _hw.hardware(gpu)
     if hw_overrides:
         hwc = _hw.with_fitted(hwc, hw_overrides)
@@ -1152,7 +1154,7 @@ def predict_stage(stage: str, shape: DecodeShape, gpu: str = "mi300x", *, sample
     pred = predict(shape=shape, hw=hwc, per_tile=sample.per_tile, fixed=sample.fixed, main=main,
                    waves_per_workgroup=sample.waves_per_workgroup, m_groups=sample.m_groups,
                    partitions=partitions, reduce=reduce, hot_cache=hot_cache,
-                   grid=grid_of(shape, partitions, schedule))
+                   grid=grid_of(shape, partitions, schedule, fixed_chunks))
     pred.details.update(stage=sample.stage, sample=sample.to_dict(), main_kernel=main.to_dict())
     return pred
 

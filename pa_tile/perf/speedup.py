@@ -17,11 +17,11 @@ from .roofline import DecodeShape
 __all__ = ["HEADLINE", "GPUS", "Step", "predicted_steps", "format_steps", "report"]
 
 #: the shape every chapter is predicted at: batch 16 x 16384 tokens, 8 query heads over one KV
-#: head, head_dim 128 (upstream's seed kernel has a quoted MI308X time there; chapter 08 uses it)
+#: head, head_dim 128 (upstream's seed kernel has a quoted MI308X time there; chapter 09 uses it)
 HEADLINE = DecodeShape(batch=16, context=16384, num_q_heads=8, num_kv_heads=1, head_dim=128, block_size=16)
 #: (label, model hardware, arch)
 GPUS: Tuple[Tuple[str, str, str], ...] = (("MI300X", "mi300x", "gfx942"), ("MI355X", "mi355x", "gfx950"))
-#: the emulator sample's two contexts (whole tiles, one sequence): short, as chapter 08 takes them
+#: the emulator sample's two contexts (whole tiles, one sequence): short, as chapter 09 takes them
 SAMPLE_CONTEXTS = (256, 512)
 
 
@@ -114,5 +114,5 @@ def report(stage: str, previous: Optional[str] = None, shapes: Sequence[DecodeSh
 
     if backend.current_backend() != "emu":
         return ("skipped on a GPU: the timing model samples its kernels in the emulator (run this chapter "
-                "with PA_TILE_BACKEND=emu for its predictions; chapter 08 times the stages on this GPU)")
+                "with PA_TILE_BACKEND=emu for its predictions; chapter 09 times the stages on this GPU)")
     return format_steps(predicted_steps(stage, previous, shapes))

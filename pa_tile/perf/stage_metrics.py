@@ -1,5 +1,5 @@
 """Per-stage performance metrics that need no GPU: static facts of the compiled code and
-dynamic facts of one emulator run, condensed to the handful of numbers chapter 08 plots and
+dynamic facts of one emulator run, condensed to the handful of numbers chapter 09 plots and
 ``tests/test_perf_metrics.py`` pins.
 
 Static (:func:`static_metrics`, from ``pa_tile.isa``): registers, LDS, occupancy, the main

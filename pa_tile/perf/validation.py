@@ -3,13 +3,13 @@
 ``scripts/validate_model.py`` checks :mod:`pa_tile.perf.model` against the times quoted in the seed
 kernel's history; this module checks it against the times *you* measure: every ``ok`` record of a
 stage in a ``pa_tile bench`` results file (``pa_tile.perf.bench``) is predicted at its shape on the
-GPU it ran on, and set beside the measurement (``python -m pa_tile validate FILE``; chapter 08 plots
+GPU it ran on, and set beside the measurement (``python -m pa_tile validate FILE``; chapter 09 plots
 it for each recorded file). Nothing here times anything, and nothing here is a measurement but the
 file's own ``time_us``.
 
 The model samples its kernels in the emulator, so :func:`compare` needs the ``emu`` backend; a
 process that launched on the GPU cannot switch (``pa_tile.backend``), which is why the command line
-and chapter 08 run it in a process of its own.
+and chapter 09 run it in a process of its own.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@
 # ---
 
 # %% [markdown]
-# # 08 · Performance: how fast, why, and how far from the limit
+# # 09 · Performance: how fast, why, and how far from the limit
 #
 # **You'll learn**
 #
