@@ -53,11 +53,17 @@ import torch
 
 import pa_tile
 from pa_tile import backend, cache, figures, serving_math, show
+from pa_tile.arch import fp8_format
 from pa_tile.emu.memory import format_table
 from pa_tile.stages import s6_split_k as s6
 
+# %% tags=["nbval-ignore-output"]
 print("backend:", backend.ensure_backend())  # "gpu" on a ROCm machine, else "emu"
 EMU = backend.current_backend() == "emu"
+# the emulator runs both archs; a GPU runs its own
+ARCH_A, ARCH_B = backend.runnable_archs()[0], backend.runnable_archs()[-1]
+DEV = backend.device_for_tensors()
+print("archs:", ARCH_A, ARCH_B)
 
 # %% [markdown]
 # ## Where each piece runs
@@ -146,12 +152,12 @@ show.source(serving_math.with_sink, serving_math.finish_row)
 # %%
 GPT_OSS = dict(num_q_heads=64, num_kv_heads=8, head_dim=64)
 oss = cache.make_case(4, **GPT_OSS, block_size=16, context_lengths=[700, 1300, 90, 2100],
-                      fp8_format="fnuz", scales="per-token", seed=1, pad_block_id=-1)
+                      fp8_format=fp8_format(ARCH_A), scales="per-token", seed=1, pad_block_id=-1)
 oss_args = (oss.query, oss.k_blocked(), oss.v_trans_blocked(), oss.block_tables,
             oss.context_lengths, oss.k_scale, oss.v_scale)
 gen = torch.Generator().manual_seed(0)
-layer_sinks = [torch.randn(64, generator=gen) * 2 for _ in range(4)]  # one per layer
-plans = {w: pa_tile.plan(*oss_args, arch="gfx942", sliding_window=w, sinks=layer_sinks[0],
+layer_sinks = [(torch.randn(64, generator=gen) * 2).to(DEV) for _ in range(4)]  # one per layer
+plans = {w: pa_tile.plan(*oss_args, arch=ARCH_A, sliding_window=w, sinks=layer_sinks[0],
                          return_lse=True) for w in (128, 0)}
 print(f"{len(plans)} plans, the window's: {plans[128].num_partitions} partitions, "
       f"{plans[128].schedule}")
@@ -180,20 +186,21 @@ print(format_table(rows, headers=dict(within_bound="out within fp8 bound",
 #
 # ## A Gemma 2 decode layer
 #
-# 16 query heads over 8 KV heads, head_dim 256, bf16 queries, soft-cap 50, on gfx950's OCP fp8.
+# 16 query heads over 8 KV heads, head_dim 256, bf16 queries, soft-cap 50, on gfx950 (OCP fp8).
 # The local layers see 4096 tokens; the longer sequence below is past its window. The query is
 # scaled by 16 so that the largest logits reach the cap, where tanh bends them.
 
 # %%
 GEMMA2 = dict(num_q_heads=16, num_kv_heads=8, head_dim=256)
-gem = cache.make_case(2, **GEMMA2, block_size=16, context_lengths=[4500, 600], fp8_format="ocp",
-                      query_dtype=torch.bfloat16, seed=2, pad_block_id=-1)
+gem = cache.make_case(2, **GEMMA2, block_size=16, context_lengths=[4500, 600],
+                      fp8_format=fp8_format(ARCH_B), query_dtype=torch.bfloat16, seed=2,
+                      pad_block_id=-1)
 gem.query.mul_(16)  # exact in bf16: a power of two
 gem_args = (gem.query, gem.k_blocked(), gem.v_trans_blocked(), gem.block_tables,
             gem.context_lengths, gem.k_scale, gem.v_scale)
 rows, outs = [], {}
 for window in (4096, 0):
-    out = pa_tile.paged_decode(*gem_args, arch="gfx950", sliding_window=window,
+    out = pa_tile.paged_decode(*gem_args, arch=ARCH_B, sliding_window=window,
                                logits_soft_cap=50.0)
     ok, worst, _ = gem.check(out, sliding_window=window, logits_soft_cap=50.0)
     uncapped = gem.check(out, sliding_window=window)[1]
@@ -222,10 +229,10 @@ print(f"the window changes {moved} of the 4500-token sequence's {outs[0][0][0].n
 
 # %%
 S, G, PREFIX, BS = 3, 8, 512, 16
-cas = cache.make_case(S, 8 * 4, 4, 128, BS, [1100, 700, 520], fp8_format="ocp",
+cas = cache.make_case(S, 8 * 4, 4, 128, BS, [1100, 700, 520], fp8_format=fp8_format(ARCH_B),
                       scales="per-token", seed=5, pad_block_id=-1)
 cas.block_tables[:, : PREFIX // BS] = cas.block_tables[0, : PREFIX // BS]  # one shared prefix
-sinks = torch.linspace(-1.0, 2.0, 32)
+sinks = torch.linspace(-1.0, 2.0, 32, device=DEV)
 q, k, v = cas.query, cas.k_blocked(), cas.v_trans_blocked()
 kvh, d = cas.num_kv_heads, cas.head_dim
 # every sequence's rows as heads of one prefix "sequence": head kvh·(S·G) + s·G + g
@@ -233,13 +240,13 @@ q_pre = q.reshape(S, kvh, G, d).permute(1, 0, 2, 3).reshape(1, kvh * S * G, d)
 sinks_pre = sinks.reshape(kvh, 1, G).expand(kvh, S, G).reshape(-1)
 pre, lse_pre = pa_tile.paged_decode(
     q_pre, k, v, cas.block_tables[:1, : PREFIX // BS].contiguous(),
-    torch.tensor([PREFIX], dtype=torch.int32), cas.k_scale, cas.v_scale, arch="gfx950",
+    torch.tensor([PREFIX], dtype=torch.int32, device=DEV), cas.k_scale, cas.v_scale, arch=ARCH_B,
     sinks=sinks_pre, return_lse=True)
 pre = pre.reshape(kvh, S, G, d).permute(1, 0, 2, 3).reshape(S, kvh * G, d)
 lse_pre = lse_pre.reshape(kvh, S, G).permute(1, 0, 2).reshape(S, kvh * G)
 suf, lse_suf = pa_tile.paged_decode(
     q, k, v, cas.block_tables[:, PREFIX // BS:].contiguous(), cas.context_lengths - PREFIX,
-    cas.k_scale, cas.v_scale, arch="gfx950", return_lse=True)
+    cas.k_scale, cas.v_scale, arch=ARCH_B, return_lse=True)
 merged, _ = pa_tile.merge_states(pre.float(), lse_pre, suf.float(), lse_suf)
 ok, cascade_worst, _ = cas.check(merged.to(q.dtype), sinks=sinks)
 prefix_kv = PREFIX * kvh * d * 2  # fp8 K and V bytes of the prefix
@@ -258,20 +265,20 @@ print(f"prefix K/V read: {prefix_kv:,} bytes once, instead of {S * prefix_kv:,} 
 # The watched sequence below has 3000 tokens; batch B adds 39 sequences of 256 tokens (8 KV heads).
 
 # %%
-bat = cache.make_case(40, 16, 8, 128, 16, [3000] + [256] * 39, fp8_format="fnuz", seed=7,
-                      pad_block_id=-1)
+bat = cache.make_case(40, 16, 8, 128, 16, [3000] + [256] * 39, fp8_format=fp8_format(ARCH_A),
+                      seed=7, pad_block_id=-1)
 ALONE, CROWDED = [0], list(range(1, 40)) + [0]  # the watched sequence alone, and last of 40
 
 
 def batch(seqs):
-    i = torch.tensor(seqs)
+    i = torch.tensor(seqs, device=DEV)
     return (bat.query[i], bat.k_blocked(), bat.v_trans_blocked(), bat.block_tables[i].contiguous(),
             bat.context_lengths[i].contiguous(), bat.k_scale, bat.v_scale)
 
 
 def cuts(seqs, **kw):
     """The watched sequence's chunks as the plan lays them out (one range when unsplit)."""
-    pl = pa_tile.plan(*batch(seqs), arch="gfx942", **kw)
+    pl = pa_tile.plan(*batch(seqs), arch=ARCH_A, **kw)
     if pl.work_list() is None:
         n = -(-3000 // s6.TILE)
         return [(z * -(-n // pl.num_partitions), min(n, (z + 1) * -(-n // pl.num_partitions)))
@@ -293,8 +300,8 @@ plt.show()
 # %%
 rows = []
 for mode, kw in (("default", {}), ("batch_invariant", dict(batch_invariant=True))):
-    alone = pa_tile.paged_decode(*batch(ALONE), arch="gfx942", **kw)[0]
-    crowded = pa_tile.paged_decode(*batch(CROWDED), arch="gfx942", **kw)[-1]
+    alone = pa_tile.paged_decode(*batch(ALONE), arch=ARCH_A, **kw)[0]
+    crowded = pa_tile.paged_decode(*batch(CROWDED), arch=ARCH_A, **kw)[-1]
     rows.append(dict(mode=mode, differing=int((alone != crowded).sum()), of=alone.numel()))
 print(format_table(rows, headers=dict(differing="output elements that differ", of="of")))
 invariant_equal = rows[1]["differing"] == 0
@@ -323,7 +330,7 @@ if EMU:  # the trace and the model's sample need the emulator
                            dict(partitions=parts, schedule="balanced", fixed_chunks=True))):
         trace = Trace("gfx942")
         with launch.launch_options(trace=trace):
-            pa_tile.paged_decode(*batch(CROWDED), arch="gfx942", **kw)
+            pa_tile.paged_decode(*batch(CROWDED), arch=ARCH_A, **kw)
         loaded = tracing.report_from_trace(trace, mode, shape=shape_b).traffic()["vs_compulsory"]
         us = model.predict_stage("s6", serve, "mi300x", sample=sample, **pred).predicted_us
         cost[mode] = (loaded, us)
