@@ -409,3 +409,16 @@ def test_the_serving_math_keeps_the_traffic_within_the_cap(parts):
                                       sinks=torch.linspace(-1, 1, 16), logits_soft_cap=CAP, return_lse=True)
     tr = tracing.report_from_trace(trace, "serving math", shape=shape).traffic()
     assert tr["loaded_bytes"] >= tr["visible_bytes"] * 0.999 and tr["vs_compulsory"] <= 1.05, tr
+
+
+def test_batch_invariant_with_its_own_workspace_allocates_nothing_more():
+    """``make_workspace(..., batch_invariant=True)`` sizes the fixed chunks' work list; with ``out``
+    and it given, the call's bits are those of the call that allocates."""
+    case = _case("gfx950", 1, contexts=[2600, 40, 900])
+    args = _args(case)
+    ws = pa_tile.make_workspace(case.query, args[1], case.block_tables, arch="gfx950", batch_invariant=True)
+    out = torch.empty_like(case.query)
+    got = pa_tile.paged_decode(*args, arch="gfx950", batch_invariant=True, out=out, workspace=ws)
+    assert got is out and torch.equal(out, pa_tile.paged_decode(*args, arch="gfx950", batch_invariant=True))
+    with pytest.raises(ValueError, match="workspace"):
+        pa_tile.paged_decode(*args, arch="gfx950", batch_invariant=True, workspace=ws[:8])
