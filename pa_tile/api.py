@@ -77,7 +77,7 @@ def _workspace(p: problem.Problem, parts: int, m_tiles, workspace, schedule="uni
 
 
 def _describe(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale, *,
-              softmax_scale, sliding_window, query_length, m_tiles, arch, check_values):
+              softmax_scale, sliding_window, query_length, m_tiles, arch, check_values, query_start_loc=None):
     if m_tiles is not None:
         problem.int_option(m_tiles, "m_tiles", 1, LIMITS.max_m_tiles)
     if check_values is None:
@@ -85,7 +85,8 @@ def _describe(query, key_cache, value_cache, block_tables, context_lengths, key_
                         and not _tracing(query))
     return problem.describe(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale,
                             limits=LIMITS, softmax_scale=softmax_scale, query_length=query_length,
-                            sliding_window=sliding_window, arch=arch, check_values_now=check_values)
+                            sliding_window=sliding_window, arch=arch, check_values_now=check_values,
+                            query_start_loc=query_start_loc)
 
 
 def _codes(cache):
@@ -130,7 +131,7 @@ class Plan:
 
     def __init__(self, p: problem.Problem, num_partitions: int, m_tiles: Optional[int], workspace, block_tables,
                  context_lengths, key_scale, value_scale, query_meta, cache_meta, schedule="uniform",
-                 chunk_tiles=1):
+                 chunk_tiles=1, query_start_loc=None):
         self.problem, self.num_partitions, self.m_tiles = p, num_partitions, m_tiles
         self.schedule = schedule
         self.workspace, self.block_tables, self.context_lengths = workspace, block_tables, context_lengths
@@ -145,7 +146,9 @@ class Plan:
         slots = (grid_x, 1) if self._balanced else (p.num_seqs, num_partitions)
         self._partials = tuple(s6.carve(workspace, slots[0], p.num_kv_heads, rows, p.head_dim, slots[1])
                                if self.splits else (workspace.narrow(0, 0, 1),) * 3)
-        self._out_shape = (p.num_seqs * p.query_length, p.num_q_heads, p.head_dim)
+        self._out_shape = (p.total_rows, p.num_q_heads, p.head_dim)
+        #: ragged query rows (``p.ragged``): the int32 [num_seqs + 1] row starts the kernels read
+        self.query_start_loc = query_start_loc
         stride = query_meta[3]
         self._scalars = (grid_x, p.num_kv_heads, p.max_blocks, stride[0], stride[1], p.scale_log2)
         self._reduce_scalars = (p.num_seqs, p.num_kv_heads) if self._balanced else \
@@ -180,7 +183,7 @@ class Plan:
             torch.ops.pa_tile.paged_decode(query, key_cache, value_cache, self.block_tables, self.context_lengths,
                                            ks, vs, out, self.workspace, p.softmax_scale, p.sliding_window,
                                            p.query_length, self.num_partitions, self.m_tiles, p.arch,
-                                           self.schedule, self.chunk_tiles)
+                                           self.schedule, self.chunk_tiles, self.query_start_loc)
         else:
             self._launch(query, key_cache, value_cache, ks, vs, out)
         return out
@@ -194,8 +197,8 @@ class Plan:
     @property
     def _reduce(self):
         p = self.problem
-        return s6.build_reduce(p.head_dim, p.group, p.query_length, p.q_dtype, self._balanced) \
-            if self.splits else None
+        return s6.build_reduce(p.head_dim, p.group, p.query_length, p.q_dtype, self._balanced,
+                               ragged=p.ragged) if self.splits else None
 
     def work_list(self):
         """``(work, offsets)`` of a balanced split (``s6.work_list``), as laid out when planned or
@@ -212,19 +215,21 @@ class Plan:
             p = self.problem
             self._work = s6.work_list(self.context_lengths, self.num_partitions, self.chunk_tiles,
                                       query_length=p.query_length, sliding_window=p.sliding_window,
-                                      buffers=self._work_buffers)
+                                      buffers=self._work_buffers, query_start_loc=self.query_start_loc)
         return self
 
     def _steps(self, query, key_cache, value_cache, ks, vs, out):
         """``[(launcher, args), ...]`` of one run: the partial kernel, then the reduce when split."""
         wl = self._work
         work = self.context_lengths if wl is None else wl[0]  # the unsplit/uniform kernel never reads it
+        # a ragged call's row starts go last in both kernels (their own specializations)
+        loc = (self.query_start_loc,) if self.problem.ragged else ()
         steps = [(self._partial, (out,) + self._partials + (query, _codes(key_cache), _codes(value_cache),
                                                             self.block_tables, self.context_lengths, work, ks, vs)
-                  + self._scalars)]
+                  + self._scalars + loc)]
         if self.splits:
             extra = (wl[1],) if wl is not None else ()
-            steps.append((self._reduce, (out,) + self._partials + extra + self._reduce_scalars))
+            steps.append((self._reduce, (out,) + self._partials + extra + self._reduce_scalars + loc))
         return steps
 
     def _launch(self, query, key_cache, value_cache, ks, vs, out):
@@ -279,14 +284,16 @@ class Plan:
 
     def __repr__(self) -> str:
         p = self.problem
-        return (f"Plan({p.num_seqs} seqs x {p.query_length} queries, {p.num_q_heads}/{p.num_kv_heads} heads, "
+        queries = f"<={p.query_length}" if p.ragged else f"{p.query_length}"
+        return (f"Plan({p.num_seqs} seqs x {queries} queries, {p.num_q_heads}/{p.num_kv_heads} heads, "
                 f"head_dim {p.head_dim}, block {p.block_size}, {p.arch}, {self.num_partitions} partition(s)"
                 + (", balanced)" if self._balanced else ")"))
 
 
 def plan(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale, *,
          softmax_scale=None, sliding_window=0, query_length=None, workspace=None, num_partitions=None,
-         m_tiles=None, arch=None, check_values=None, schedule=None, chunk_tiles=None) -> Plan:
+         m_tiles=None, arch=None, check_values=None, schedule=None, chunk_tiles=None,
+         query_start_loc=None) -> Plan:
     """Validate a batch once and fix what its layers share; -> :class:`Plan`.
 
     Arguments as :func:`paged_decode`. ``check_values``: read context lengths, page ids and scales
@@ -294,10 +301,12 @@ def plan(query, key_cache, value_cache, block_tables, context_lengths, key_scale
     it is free; ``True`` on a GPU costs one host sync, here, not in ``run``. Allocates the
     workspace unless one is given (``make_workspace``). ``chunk_tiles``: the fewest 256-token
     tiles of a balanced split's chunk (None: ``s6.chunk_floor``, the traffic cap, for the chosen
-    split; 1 for an explicit ``num_partitions``, honoured as the uniform split honours it)."""
+    split; 1 for an explicit ``num_partitions``, honoured as the uniform split honours it).
+    ``query_start_loc``: ragged query rows (:func:`paged_decode`); the plan keeps the tensor, whose
+    values may change in place between runs (``refresh`` after they do, for a balanced split)."""
     p = _describe(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale,
                   softmax_scale=softmax_scale, sliding_window=sliding_window, query_length=query_length,
-                  m_tiles=m_tiles, arch=arch, check_values=check_values)
+                  m_tiles=m_tiles, arch=arch, check_values=check_values, query_start_loc=query_start_loc)
     parts = _partitions(p, num_partitions, m_tiles)
     sched = s6.choose_schedule(parts, schedule)
     ws = _workspace(p, parts, m_tiles, workspace, sched)
@@ -309,13 +318,14 @@ def plan(query, key_cache, value_cache, block_tables, context_lengths, key_scale
     pl = Plan(p, parts, m_tiles, ws, block_tables, context_lengths, key_scale, value_scale,
               (query.shape, query.dtype, query.device, query.stride()),
               {"key_cache": (key_cache.shape, key_cache.dtype, key_cache.device),
-               "value_cache": (value_cache.shape, value_cache.dtype, value_cache.device)}, sched, chunk_tiles)
+               "value_cache": (value_cache.shape, value_cache.dtype, value_cache.device)}, sched, chunk_tiles,
+              query_start_loc)
     return pl if _tracing(query) else pl.refresh()
 
 
 def paged_decode(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale, *,
                  softmax_scale=None, sliding_window=0, query_length=None, out=None, workspace=None,
-                 num_partitions=None, m_tiles=None, arch=None, schedule=None):
+                 num_partitions=None, m_tiles=None, arch=None, schedule=None, query_start_loc=None):
     """fp8 paged decode attention (the finished pa_tile kernel); returns ``out``.
 
     ``query`` [num_seqs·query_length, num_q_heads, head_dim] f16/bf16 (row ``s·query_length + i`` is
@@ -334,6 +344,14 @@ def paged_decode(query, key_cache, value_cache, block_tables, context_lengths, k
     (``make_workspace``) given, nothing is allocated: the call can be captured in a CUDA/HIP graph.
     ``arch`` defaults to the tensors' device (the emulator's for CPU tensors).
 
+    ``query_start_loc`` (int32 [num_seqs + 1], on the query's device; vLLM's name): ragged query
+    rows. Sequence ``s`` has ``q_s = loc[s+1] - loc[s]`` queries, rows ``loc[s] .. loc[s+1]`` of
+    ``query`` (``[loc[-1], num_q_heads, head_dim]``) and of ``out``, the last ``q_s`` positions of its
+    context, causally masked (0: skipped, no row). ``query_length`` is then the bound on every
+    ``q_s`` (no host sync reads it from ``loc``); None takes ``LIMITS.max_query_length`` (8) when
+    ``group x 8 <= 128`` rows fit, else it must be given. The kernels are specialized for the bound,
+    so a smaller one is cheaper.
+
     Checks (``pa_tile.problem``): every argument's kind, dtype, shape, layout and device, before any
     launch; values (context lengths, page ids, scale values) only for CPU tensors, where reading
     them is free; use ``plan(..., check_values=True)`` to check them once on a GPU.
@@ -341,15 +359,16 @@ def paged_decode(query, key_cache, value_cache, block_tables, context_lengths, k
     if _tracing(query):  # torch.compile / fake tensors: the op plans outside the traced region
         return _via_op(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale,
                        softmax_scale, sliding_window, query_length, out, workspace, num_partitions, m_tiles, arch,
-                       schedule)
-    tensors = (query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale, workspace)
+                       schedule, query_start_loc)
+    tensors = (query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale, workspace,
+               query_start_loc)
     key = _call_key(tensors, (softmax_scale, sliding_window, query_length, num_partitions, m_tiles, arch, schedule))
     pl = _plans.get(key) if key is not None else None
     if pl is None:
         pl = plan(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale,
                   softmax_scale=softmax_scale, sliding_window=sliding_window, query_length=query_length,
                   workspace=workspace, num_partitions=num_partitions, m_tiles=m_tiles, arch=arch,
-                  schedule=schedule)
+                  schedule=schedule, query_start_loc=query_start_loc)
         # a plan owning its workspace is not shared between calls (streams could overlap on it)
         if key is not None and (workspace is not None or not pl.splits):
             if len(_plans) >= _MAX_PLANS:
@@ -358,7 +377,8 @@ def paged_decode(query, key_cache, value_cache, block_tables, context_lengths, k
     else:
         # the same call as before, by every tensor's metadata and memory: only the values may differ
         if query.device.type == "cpu":
-            problem.check_values(pl.problem, block_tables, context_lengths, key_scale, value_scale, query)
+            problem.check_values(pl.problem, block_tables, context_lengths, key_scale, value_scale, query,
+                                 query_start_loc)
         pl.refresh()  # a balanced split's work follows the lengths' values
     return pl.run(query, key_cache, value_cache, out=out)
 
@@ -371,7 +391,8 @@ def _scale_tensor(x, name, device):
 
 
 def _via_op(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale, softmax_scale,
-            sliding_window, query_length, out, workspace, num_partitions, m_tiles, arch, schedule):
+            sliding_window, query_length, out, workspace, num_partitions, m_tiles, arch, schedule,
+            query_start_loc=None):
     """``paged_decode`` while PyTorch traces: the arguments as given into the op (``op_fake``
     validates them at trace time, ``op_impl`` plans and launches at run time)."""
     problem.need_tensor(query, "query")
@@ -381,7 +402,7 @@ def _via_op(query, key_cache, value_cache, block_tables, context_lengths, key_sc
                                    _scale_tensor(key_scale, "key_scale", query.device),
                                    _scale_tensor(value_scale, "value_scale", query.device), out, workspace,
                                    softmax_scale, sliding_window, query_length, num_partitions, m_tiles, arch,
-                                   schedule)
+                                   schedule, None, query_start_loc)
     return out
 
 
@@ -414,11 +435,12 @@ def _call_key(tensors, options):
 
 
 def make_workspace(query, key_cache, block_tables, *, query_length=None, num_partitions=None, arch=None,
-                   value_cache=None, context_lengths=None, schedule=None):
+                   value_cache=None, context_lengths=None, schedule=None, query_start_loc=None):
     """A float32 workspace for ``paged_decode`` calls with these shapes: the same validation of the
-    arguments it is given and the same partition choice (and schedule) as the call."""
+    arguments it is given and the same partition choice (and schedule) as the call. Ragged calls
+    (``query_start_loc``) size it for ``query_length``, their bound (``workspace_size`` with it)."""
     p = problem.describe(query, key_cache, value_cache, block_tables, context_lengths, None, None, limits=LIMITS,
-                         query_length=query_length, arch=arch)
+                         query_length=query_length, arch=arch, query_start_loc=query_start_loc)
     parts = _partitions(p, num_partitions, None)
     return _workspace(p, parts, None, None, s6.choose_schedule(parts, schedule))
 
@@ -436,7 +458,7 @@ def _op_options(softmax_scale, sliding_window, query_length, num_partitions, m_t
 
 def op_impl(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale, out,
             workspace=None, softmax_scale=None, sliding_window=0, query_length=None, num_partitions=None,
-            m_tiles=None, arch=None, schedule=None, chunk_tiles=None) -> None:
+            m_tiles=None, arch=None, schedule=None, chunk_tiles=None, query_start_loc=None) -> None:
     """``torch.ops.pa_tile.paged_decode`` on real tensors: plan (once per shapes, options and
     workspace), then launch into ``out``. The plan is keyed by metadata, not memory: the block
     tables, lengths and scales of each call are the ones launched with."""
@@ -446,19 +468,23 @@ def op_impl(query, key_cache, value_cache, block_tables, context_lengths, key_sc
     key = None
     if workspace is not None:  # a plan owning its workspace is not shared (streams could overlap on it)
         key = tuple((t.shape, t.dtype, t.device, t.stride()) for t in tensors) + tuple(opts.values()) + (
-            workspace.data_ptr(), workspace.numel())
+            workspace.data_ptr(), workspace.numel()) + (
+            None if query_start_loc is None else (query_start_loc.shape, query_start_loc.dtype,
+                                                  query_start_loc.device),)
     pl = _op_plans.get(key) if key is not None else None
     if pl is None:
         pl = plan(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale,
-                  workspace=workspace, **opts)
+                  workspace=workspace, query_start_loc=query_start_loc, **opts)
         if key is not None:
             if len(_op_plans) >= _MAX_PLANS:
                 _op_plans.pop(next(iter(_op_plans)))
             _op_plans[key] = pl
     else:
         if query.device.type == "cpu":
-            problem.check_values(pl.problem, block_tables, context_lengths, key_scale, value_scale, query)
+            problem.check_values(pl.problem, block_tables, context_lengths, key_scale, value_scale, query,
+                                 query_start_loc)
         pl.block_tables, pl.context_lengths = block_tables, context_lengths
+        pl.query_start_loc = query_start_loc
         pl.refresh()
     problem.output(pl.problem, query, out)
     pl._launch(query, key_cache, value_cache, pl._scale(key_scale, "key_scale"),
@@ -467,17 +493,18 @@ def op_impl(query, key_cache, value_cache, block_tables, context_lengths, key_sc
 
 def op_fake(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale, out,
             workspace=None, softmax_scale=None, sliding_window=0, query_length=None, num_partitions=None,
-            m_tiles=None, arch=None, schedule=None, chunk_tiles=None) -> None:
+            m_tiles=None, arch=None, schedule=None, chunk_tiles=None, query_start_loc=None) -> None:
     """The op on fake tensors (trace time): every metadata check of the call, no value read,
     nothing launched; a bad argument raises here, named, as the eager call would. Under symbolic
     shapes (dynamic compilation) the checks wait for the real call, which makes them all before
     it launches."""
-    tensors = (query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale, out, workspace)
+    tensors = (query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale, out, workspace,
+               query_start_loc)
     if not all(isinstance(d, int) for t in tensors if t is not None for d in t.shape):
         return
     p = _describe(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale,
                   softmax_scale=softmax_scale, sliding_window=sliding_window, query_length=query_length,
-                  m_tiles=m_tiles, arch=arch, check_values=False)
+                  m_tiles=m_tiles, arch=arch, check_values=False, query_start_loc=query_start_loc)
     problem.output(p, query, out)
     parts = _partitions(p, num_partitions, m_tiles)
     sched = s6.choose_schedule(parts, schedule)

@@ -41,7 +41,8 @@ import torch
 
 from pa_tile import arch as _arch
 
-__all__ = ["Limits", "Problem", "describe", "check_values", "check_scales", "check_query_starts", "resolve_arch", "need_tensor",
+__all__ = ["Limits", "Problem", "describe", "check_values", "check_scales", "check_query_starts", "resolve_arch",
+           "need_tensor",
            "scale_tensors", "output",
            "int_option", "K_LAYOUTS", "V_LAYOUTS", "QUERY_DTYPES", "MAX_SLIDING_WINDOW", "LOG2E",
            "MAX_SCORE_LOG2"]

@@ -25,7 +25,7 @@ SCHEMA = ("paged_decode(Tensor query, Tensor key_cache, Tensor value_cache, Tens
           "Tensor context_lengths, Tensor key_scale, Tensor value_scale, Tensor(a!) out, "
           "Tensor(b!)? workspace=None, float? softmax_scale=None, int sliding_window=0, "
           "int? query_length=None, int? num_partitions=None, int? m_tiles=None, str? arch=None, "
-          "str? schedule=None, int? chunk_tiles=None) -> ()")
+          "str? schedule=None, int? chunk_tiles=None, Tensor? query_start_loc=None) -> ()")
 
 
 def _impl(*args, **kwargs) -> None:
