@@ -433,8 +433,9 @@ def describe(query, key_cache, value_cache, block_tables, context_lengths, key_s
     elif v_layout is None:
         v_layout = limits.v_layouts[0]
     if num_q_heads % num_kv_heads or not limits.allows_group(num_q_heads // num_kv_heads, 1):
+        largest = f" (the largest group for query_length 1 is {limits.largest_group(1)})" if limits.max_rows else ""
         raise ValueError(f"query: num_q_heads={num_q_heads} must be {limits.groups_text()} times key_cache's "
-                         f"num_kv_heads={num_kv_heads} for stage {limits.stage}")
+                         f"num_kv_heads={num_kv_heads} for stage {limits.stage}{largest}")
 
     if context_lengths is not None:
         need_tensor(context_lengths, "context_lengths")
