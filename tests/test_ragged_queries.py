@@ -141,6 +141,23 @@ def test_sixteen_heads_at_bound_eight_fill_every_m_tile():
     check_ragged(out, case, query, loc)
 
 
+@pytest.mark.parametrize("resident", [False, True], ids=["m_tiles_1", "resident_loop"])
+def test_m_groups_and_the_register_resident_loop(resident, monkeypatch, request):
+    """One M-tile per workgroup (4 M-groups at bound 8, group 8: a short sequence's upper groups
+    are all padding) and the appendix's register-resident loop (``WIDE_ABOVE``), windowed."""
+    from pa_tile.stages import s5_phase_split_mtp as s5
+
+    if resident:
+        monkeypatch.setattr(s5, "WIDE_ABOVE", 8)
+        s5.build_launcher.cache_clear()  # no launcher of the default split is reused, nor these later
+        request.addfinalizer(s5.build_launcher.cache_clear)
+    qs, ctx = (8, 1, 0, 5), (300, 3, 30, 77)
+    case, query, loc = _ragged_case("gfx942", qs, ctx, seed=11)
+    out = pa_tile.paged_decode(*_args(case, query), query_start_loc=loc, arch="gfx942", sliding_window=20,
+                               num_partitions=2, schedule="uniform", m_tiles=1 if not resident else None)
+    check_ragged(out, case, query, loc, 20)
+
+
 def test_plan_runs_again_after_the_counts_change_in_place():
     """A plan keeps ``query_start_loc``: new counts written into it (same total rows) take effect
     at the next run (``refresh`` re-lays a balanced split's work list)."""
