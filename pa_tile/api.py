@@ -41,7 +41,8 @@ choose_num_partitions = s6.choose_num_partitions
 def workspace_size(num_seqs, num_kv_heads, group, query_length, head_dim, num_partitions, schedule=None) -> int:
     """float32 elements of the workspace of a call with these shapes, ``num_partitions`` and
     ``schedule``; ``None`` is the call's own default (``s6.choose_schedule``: balanced for a split),
-    so a workspace sized with the defaults serves a call made with the defaults."""
+    so a workspace sized with the defaults serves a call made with the defaults. A ragged call
+    (``query_start_loc``) takes ``query_length`` = its bound (8 by default), as its partials do."""
     return s6.workspace_size(num_seqs, num_kv_heads, group, query_length, head_dim, num_partitions,
                              s6.choose_schedule(num_partitions, schedule))
 
