@@ -30,10 +30,10 @@
 # Chapter 02 decodes one query token for 8 or 16 heads per KV head: one 16-row MFMA tile.
 # Serving breaks that in two ways.
 #
-# * **MTP / speculative decode** checks `query_length` = 1..4 draft tokens per sequence at once.
+# * **MTP / speculative decode** checks `query_length` = 1..8 draft tokens per sequence at once.
 #   They are the last `query_length` positions of the sequence. Each is causally masked: query
 #   `i` must not see the drafts after it.
-# * **Wide GQA**: up to 32 query heads share one KV head.
+# * **Wide GQA**: up to 128 query heads share one KV head (`group · query_length` <= 128 rows).
 #
 # Both add *query rows* that read the same K and V pages. The rows are flattened,
 # `row = qi · group + head` (MTP position outer, head inner), and cut into 16-row **M-tiles**.
@@ -106,6 +106,7 @@ plain V, head_dim 64/128/256, per-token scales, and split-K partials (``num_part
 default, ``WIDE_ABOVE``) is in the appendix ``appendix_register_resident_loop``.
 """
 
+import copy
 import functools
 import math
 import operator
@@ -135,14 +136,16 @@ __all__ = ["paged_decode", "paged_decode_partials", "build_launcher", "launch_ar
            "phase_a", "write_rows", "merge_and_write", "WidePages", "wide_v", "wide_scores",
            "wide_v_max", "wide_v_weight", "wide_pv", "wide_loop", "wide_merge_and_write",
            "make_kernel", "partial_shapes", "check_partial_offsets", "v_with_k", "lds_layout",
-           "workgroup_work", "page_readers", "per_token_slots", "resident_loop"]
+           "workgroup_work", "page_readers", "per_token_slots", "resident_loop", "row_base",
+           "PAST_QUERY", "ragged_rows"]
 
 #: what the stage-5 kernel supports (upstream's tile kernel takes head_dim 64, 128 and 256 too)
 LIMITS = problem.Limits(stage="s5", head_dims=(64, 128, 256), block_sizes=(16, 64), groups=None,
-                        max_group=32, max_query_length=4,
+                        max_group=128, max_query_length=8,
                         query_dtypes=(torch.float16, torch.bfloat16), k_layouts=("blocked",),
                         v_layouts=("trans_blocked", "plain"), per_token_scales=True,
-                        strided_query=True, sliding_window=True, max_partitions=64, max_m_tiles=8)
+                        strided_query=True, sliding_window=True, max_partitions=64, max_m_tiles=8,
+                        max_rows=8 * 16)  # a KV head's rows fill at most max_m_tiles M-tiles
 K_LAYOUT = "k_blocked"  # pa_tile.cache layout names of the caches paged_decode reads
 V_LAYOUT = "v_trans_blocked"  # (plain V is accepted too)
 NINF = float("-inf")
@@ -265,8 +268,12 @@ def stage_query(c, shared, rows, q_rs, seq, kvh, q_stride_row, q_stride_head, wa
 
 def _stage_rows(c, shared, row, m, q_rs, seq, kvh, q_stride_row, q_stride_head, lane, grp):
     r, qi, g = row
-    row_elem = (seq * c.QL + qi) * q_stride_row + (kvh * c.G + g) * q_stride_head
-    ops, q_scale = query_operands(q_rs, row_elem, r < c.ROWS, c.FMAX, grp, c.NH, c.QDT)
+    row_elem = (row_base(c, seq) + qi) * q_stride_row + (kvh * c.G + g) * q_stride_head
+    if const_expr(c.RAGGED):
+        # a padding row loads nothing: 2^30 elements is a byte offset past every query buffer
+        # (``describe`` keeps them under 2^31 bytes), where a buffer load returns 0
+        row_elem = fx.Int32(select(r < c.LIVE, row_elem, fx.Int32(PAST_QUERY)))
+    ops, q_scale = query_operands(q_rs, row_elem, r < c.LIVE, c.FMAX, grp, c.NH, c.QDT)
     _stage_q(shared, m, lane, ops, q_scale, c.NH, c.Q_SCALES)
 
 
@@ -499,7 +506,7 @@ class Spec:
 
     def __init__(self, arch, block_size, head_dim, group, query_length, q_dtype, per_token, trans_v,
                  sliding_window, num_partitions, m_tiles, work_list=False, sinks=False,
-                 soft_cap=0.0, lse=False):
+                 soft_cap=0.0, lse=False, ragged=False):
         self.BS, self.HD, self.G, self.QL = block_size, head_dim, group, query_length
         self.W, self.NP = sliding_window, num_partitions
         self.per_token, self.trans_v = per_token, trans_v
@@ -527,6 +534,29 @@ class Spec:
             self.SHARED_BYTES = self.MT * (16 * head_dim + 4 * WAVE)
         self.Q_SCALES = self.MT * self.NH * WAVE * 16  # byte offset of the staged query scales
         self.SC_FLOATS = WAVES * 2 * WAVE if per_token else 4  # [wave][K scale | V weight][token]
+        # ragged query rows (``query_start_loc``): QL is the bound on a sequence's rows; the
+        # workgroup's own count QN, first row Q0 and live rows LIVE come from ``for_sequence``
+        self.RAGGED = ragged
+        self.QN, self.Q0, self.LIVE = query_length, None, self.ROWS
+
+    def for_sequence(self, q0, qn):
+        """This spec with one workgroup's ragged rows: sequence rows ``q0 .. q0 + qn`` of
+        ``query``/``out``, ``qn`` <= QL (device values); its ``qn·G`` flattened rows are live."""
+        c = copy.copy(self)
+        c.Q0, c.QN, c.LIVE = q0, qn, qn * self.G
+        return c
+
+
+def row_base(c, seq):
+    """The ``query``/``out`` row of sequence ``seq``'s first query: ``seq·QL`` (uniform) or the
+    workgroup's ``Q0`` (ragged)."""
+    if const_expr(c.RAGGED):
+        return c.Q0
+    return seq * c.QL
+
+
+#: a row index whose byte offset is past every query buffer: ragged padding rows read there
+PAST_QUERY = 2**30
 
 
 # %% [markdown]

@@ -227,7 +227,7 @@ def wide_scores(c, ms, t, tok, ctx, k_words, shared, stats, lane, col, wave, c_q
 # %% tags=["export"]
 def wide_v_max(c, sc_lds, v_sc1, t, wave, lane, ctx):
     """The lane's live V scale (``live_v_scale``); its wave's max to the V-max table."""
-    v_sc1 = live_v_scale(v_sc1, t, wave, lane, ctx, c.QL, c.W)
+    v_sc1 = live_v_scale(v_sc1, t, wave, lane, ctx, c.QN, c.W)
     lds_store(sc_lds, (c.SC_FLOATS + wave) * 4,
               fx.Vector.from_elements([wave_reduce(v_sc1, fmax)], dtype=fx.Float32))
     return v_sc1
@@ -393,11 +393,11 @@ def wide_merge_and_write(c, k, res, rows, v_scale, outputs, part, num_kv_heads):
 def write_rows(c, o, mx, total, row, seq, kvh, part, wave, grp, num_kv_heads, o_rs, mx_rs, sm_rs,
                lse2=None):
     r, qi, g = row
-    if r < c.ROWS:
+    if r < c.LIVE:
         for s in range_constexpr(c.CPW):
             d0 = (c.CPW * wave + s) * 16 + grp * 4
             if const_expr(not c.SPLIT):
-                out_row = (seq * c.QL + qi) * (num_kv_heads * c.G) + kvh * c.G + g
+                out_row = (row_base(c, seq) + qi) * (num_kv_heads * c.G) + kvh * c.G + g
                 buffer_store(o[s].to(c.QDT).bitcast(fx.Int32), o_rs, (out_row * c.HD + d0) * 2)
             else:
                 prow = ((seq * num_kv_heads + kvh) * c.NPW + part) * c.ROWS + r
@@ -479,6 +479,19 @@ def workgroup_work(c, work_list):
     return seq, slot, kvh, mgrp, part, listed, live
 
 
+def ragged_rows(c, query_start_loc, seq, rows, live):
+    """A ragged workgroup's ``(c, rows, live)``: the spec for its sequence's rows
+    ``loc[seq] .. loc[seq+1]`` (``Spec.for_sequence``, two scalar loads), each padding row's
+    position clamped to the sequence's last query (its causal bound stays inside the context;
+    it is zeroed and not written), and ``live`` False for a sequence without queries, which then
+    stages no query."""
+    q0 = scalar_load(query_start_loc, seq)
+    qn = scalar_load(query_start_loc, seq + 1) - q0
+    rows = [(r, imax(imin(qi, qn - 1), 0), g) for r, qi, g in rows]
+    has_rows = qn > 0
+    return c.for_sequence(q0, qn), rows, has_rows if live is None else live & has_rows
+
+
 # %% [markdown]
 # The lane's page readers, and the first tile's page ids issued before the query is staged.
 # Their latency then runs alongside the query's, not after the staging barrier: one wait less per
@@ -530,7 +543,9 @@ def tensor_scales(c, key_scale, value_scale):
 
 # %% tags=["export"]
 def make_kernel(c):
-    """The kernel function of specialization ``c`` (a :class:`Spec`)."""
+    """The kernel function of specialization ``c`` (a :class:`Spec`): ragged query rows
+    (``c.RAGGED``) take ``query_start_loc`` as a last argument, so the other arguments keep their
+    kernarg offsets and a uniform specialization's code does not change."""
     Shared = lds_layout(c)
 
     def pa_decode_s5(
@@ -540,45 +555,71 @@ def make_kernel(c):
         value_scale: fx.Tensor, num_kv_heads: fx.Int32, max_blocks: fx.Int32,
         q_stride_row: fx.Int32, q_stride_head: fx.Int32, scale_log2: fx.Float32, sinks: fx.Tensor,
     ):
-        # col: MFMA column = this lane's query row in an M-tile; grp: its 16 tokens of the wave's 64
-        tid, wave, lane, col, grp = lane_coords()
-        seq, slot, kvh, mgrp, part, listed, live = workgroup_work(c, work_list)
-        q_rs, k_rs, v_rs, bt_rs = (rsrc(t) for t in (query, key_cache, value_cache, block_tables))
-        ctx = scalar_load(context_lengths, seq)
-        lds = fx.SharedAllocator().allocate(Shared).peek()
-        shared = fx.recast_iter(fx.Uint8, lds.shared.ptr)
-        rows = query_rows(mgrp, col, c.MT, c.ROWS, c.QL, c.G)
-        k_scale, v_scale = tensor_scales(c, key_scale, value_scale)
-        last_page, t_start, t_end = tile_range(ctx, part, c.BS, c.QL, c.W, c.NP, listed)
-        # the first tile's page ids go out before the query is staged: their wait overlaps Q's
-        pages, wp, first_pages = page_readers(c, bt_rs, k_rs, v_rs, seq, max_blocks, last_page, kvh,
-                                              num_kv_heads, wave, lane, col, grp, t_start)
-        stage_query(c, shared, rows, q_rs, seq, kvh, q_stride_row, q_stride_head, wave, lane, grp,
-                    live)
-        c_qk = score_factors(c, shared, lane, scale_log2, k_scale)
-        c_cap = None
-        if const_expr(c.CAP > 0):  # capped scores are in log2 units already (chapter 08)
-            c_cap, c_qk = c_qk, [fx.Float32(1.0)] * c.MT
-        # causal bound of each row: query qi sits at ctx - QL + qi and sees tokens <= it
-        hi1 = [ctx - (c.QL - 1) + rows[m][1] for m in range_constexpr(c.MT)]
-        k = types.SimpleNamespace(shared=shared, lane=lane, col=col, wave=wave, grp=grp, seq=seq,
-                                  slot=slot, kvh=kvh, ctx=ctx, c_qk=c_qk, hi1=hi1, c_cap=c_cap,
-                                  sinks_rs=rsrc(sinks) if const_expr(c.SINKS) else None)
-        if const_expr(c.per_token):
-            per_token_slots(k, lds, key_scale, value_scale, wave)
-        # unsplit, pmax is the log-sum-exp out (c.LSE)
-        outputs = (out, pmax) if const_expr(not c.SPLIT) else (pout, pmax, psum)
-        if const_expr(c.WIDE):  # P·V split by head_dim (chapter 06)
-            k.stats = fx.recast_iter(fx.Uint8, lds.stats.ptr)
-            k.pslab = fx.recast_iter(fx.Uint8, lds.pslab.ptr)
-            res = wide_loop(c, k, wp, t_start, t_end, first_pages)
-            wide_merge_and_write(c, k, res, rows, v_scale, outputs, part, num_kv_heads)
-            return
-        res = resident_loop(c, k, pages, t_start, t_end, first_pages)  # the appendix's baseline
-        merge_and_write(c, lds, shared, res, rows, v_scale, outputs, slot, kvh, part, num_kv_heads,
-                        wave, lane, col, grp, k.sinks_rs)
+        decode_workgroup(c, Shared, out, pmax, psum, pout, query, key_cache, value_cache,
+                         block_tables, context_lengths, work_list, key_scale, value_scale,
+                         num_kv_heads, max_blocks, q_stride_row, q_stride_head, scale_log2, sinks)
 
-    return pa_decode_s5
+    def pa_decode_s5_ragged(
+        out: fx.Tensor, pmax: fx.Tensor, psum: fx.Tensor, pout: fx.Tensor, query: fx.Tensor,
+        key_cache: fx.Tensor, value_cache: fx.Tensor, block_tables: fx.Tensor,
+        context_lengths: fx.Tensor, work_list: fx.Tensor, key_scale: fx.Tensor,
+        value_scale: fx.Tensor, num_kv_heads: fx.Int32, max_blocks: fx.Int32,
+        q_stride_row: fx.Int32, q_stride_head: fx.Int32, scale_log2: fx.Float32, sinks: fx.Tensor,
+        query_start_loc: fx.Tensor,
+    ):
+        decode_workgroup(c, Shared, out, pmax, psum, pout, query, key_cache, value_cache,
+                         block_tables, context_lengths, work_list, key_scale, value_scale,
+                         num_kv_heads, max_blocks, q_stride_row, q_stride_head, scale_log2, sinks,
+                         query_start_loc)
+
+    return pa_decode_s5_ragged if c.RAGGED else pa_decode_s5
+
+
+def decode_workgroup(c, Shared, out, pmax, psum, pout, query, key_cache, value_cache, block_tables,
+                     context_lengths, work_list, key_scale, value_scale, num_kv_heads, max_blocks,
+                     q_stride_row, q_stride_head, scale_log2, sinks, query_start_loc=None):
+    """One workgroup of the kernel (its arguments; ``Shared``: ``lds_layout(c)``)."""
+    # col: MFMA column = this lane's query row in an M-tile; grp: its 16 tokens of the wave's 64
+    tid, wave, lane, col, grp = lane_coords()
+    seq, slot, kvh, mgrp, part, listed, live = workgroup_work(c, work_list)
+    q_rs, k_rs, v_rs, bt_rs = (rsrc(t) for t in (query, key_cache, value_cache, block_tables))
+    ctx = scalar_load(context_lengths, seq)
+    lds = fx.SharedAllocator().allocate(Shared).peek()
+    shared = fx.recast_iter(fx.Uint8, lds.shared.ptr)
+    rows = query_rows(mgrp, col, c.MT, c.ROWS, c.QL, c.G)
+    if const_expr(c.RAGGED):  # from here on c.QN, c.Q0, c.LIVE are this sequence's
+        c, rows, live = ragged_rows(c, query_start_loc, seq, rows, live)
+    k_scale, v_scale = tensor_scales(c, key_scale, value_scale)
+    last_page, t_start, t_end = tile_range(ctx, part, c.BS, c.QN, c.W, c.NP, listed)
+    if const_expr(c.RAGGED):
+        t_end = fx.Int32(select(c.QN > 0, t_end, t_start))  # no queries: no K or V is loaded
+    # the first tile's page ids go out before the query is staged: their wait overlaps Q's
+    pages, wp, first_pages = page_readers(c, bt_rs, k_rs, v_rs, seq, max_blocks, last_page, kvh,
+                                          num_kv_heads, wave, lane, col, grp, t_start)
+    stage_query(c, shared, rows, q_rs, seq, kvh, q_stride_row, q_stride_head, wave, lane, grp,
+                live)
+    c_qk = score_factors(c, shared, lane, scale_log2, k_scale)
+    c_cap = None
+    if const_expr(c.CAP > 0):  # capped scores are in log2 units already (chapter 08)
+        c_cap, c_qk = c_qk, [fx.Float32(1.0)] * c.MT
+    # causal bound of each row: query qi sits at ctx - QN + qi and sees tokens <= it
+    hi1 = [ctx - (c.QN - 1) + rows[m][1] for m in range_constexpr(c.MT)]
+    k = types.SimpleNamespace(shared=shared, lane=lane, col=col, wave=wave, grp=grp, seq=seq,
+                              slot=slot, kvh=kvh, ctx=ctx, c_qk=c_qk, hi1=hi1, c_cap=c_cap,
+                              sinks_rs=rsrc(sinks) if const_expr(c.SINKS) else None)
+    if const_expr(c.per_token):
+        per_token_slots(k, lds, key_scale, value_scale, wave)
+    # unsplit, pmax is the log-sum-exp out (c.LSE)
+    outputs = (out, pmax) if const_expr(not c.SPLIT) else (pout, pmax, psum)
+    if const_expr(c.WIDE):  # P·V split by head_dim (chapter 06)
+        k.stats = fx.recast_iter(fx.Uint8, lds.stats.ptr)
+        k.pslab = fx.recast_iter(fx.Uint8, lds.pslab.ptr)
+        res = wide_loop(c, k, wp, t_start, t_end, first_pages)
+        wide_merge_and_write(c, k, res, rows, v_scale, outputs, part, num_kv_heads)
+        return
+    res = resident_loop(c, k, pages, t_start, t_end, first_pages)  # the appendix's baseline
+    merge_and_write(c, lds, shared, res, rows, v_scale, outputs, slot, kvh, part, num_kv_heads,
+                    wave, lane, col, grp, k.sinks_rs)
 
 
 # %% [markdown]
@@ -598,12 +639,13 @@ def make_kernel(c):
 @functools.lru_cache(maxsize=None)
 def build_launcher(arch, block_size, head_dim, group, query_length, q_dtype="f16", per_token=False,
                    trans_v=True, sliding_window=0, num_partitions=1, m_tiles=None, work_list=False,
-                   sinks=False, soft_cap=0.0, lse=False):
+                   sinks=False, soft_cap=0.0, lse=False, ragged=False):
     """The ``@flyc.jit`` launcher for one specialization (every argument is a compile-time constant;
     the partials of a split are described above; ``work_list``: chapter 6's balanced split;
-    ``sinks``, ``soft_cap``, ``lse``: chapter 08's serving math)."""
+    ``sinks``, ``soft_cap``, ``lse``: chapter 08's serving math; ``ragged``: rows from a trailing
+    ``query_start_loc``, ``query_length`` their bound)."""
     c = Spec(arch, block_size, head_dim, group, query_length, q_dtype, per_token, trans_v,
-             sliding_window, num_partitions, m_tiles, work_list, sinks, soft_cap, lse)
+             sliding_window, num_partitions, m_tiles, work_list, sinks, soft_cap, lse, ragged)
     # launch(out, pmax, psum, pout, query, ..., value_scale, num_seqs, num_kv_heads, ...,
     #        scale_log2, stream)
     return jit_launcher(make_kernel(c), grid_yz=lambda a: (a["num_kv_heads"] * c.MG, c.NP))
@@ -619,17 +661,18 @@ def build_launcher(arch, block_size, head_dim, group, query_length, q_dtype="f16
 
 # %% tags=["export"]
 def kernel_args(p, first, query, key_cache, value_cache, block_tables, context_lengths, key_scale,
-                value_scale, sinks=None):
+                value_scale, sinks=None, query_start_loc=None):
     """The launcher's arguments for a validated problem ``p``: ``first`` is ``(out, pmax, psum,
     pout)`` (the unsplit kernel writes only ``out``; a split writes only the partials). The work
     list's place holds ``context_lengths`` again: only chapter 07's balanced split reads one; the
-    sinks' place (chapter 08) holds ``key_scale`` when there are none: only ``p.sinks`` reads it."""
+    sinks' place (chapter 08) holds ``key_scale`` when there are none: only ``p.sinks`` reads it.
+    A ragged problem's ``query_start_loc`` goes last."""
     return tuple(first) + (
         query, key_cache.view(torch.uint8), value_cache.view(torch.uint8), block_tables,
         context_lengths, context_lengths, key_scale, value_scale, p.num_seqs, p.num_kv_heads,
         p.max_blocks, query.stride(0), query.stride(1), p.scale_log2,
         key_scale if sinks is None else sinks,
-    )
+    ) + ((query_start_loc,) if p.ragged else ())
 
 
 def check_partial_offsets(p, slots, m_tiles=None, *, split=""):
@@ -654,13 +697,15 @@ def partial_shapes(p, num_partitions, m_tiles=None):
 
 # %% tags=["export"]
 def _describe(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale,
-              softmax_scale, query_length, sliding_window, arch, num_partitions, m_tiles):
+              softmax_scale, query_length, sliding_window, arch, num_partitions, m_tiles,
+              query_start_loc=None):
     problem.int_option(num_partitions, "num_partitions", 1, LIMITS.max_partitions)
     if m_tiles is not None:
         problem.int_option(m_tiles, "m_tiles", 1, LIMITS.max_m_tiles)
     return problem.describe(query, key_cache, value_cache, block_tables, context_lengths,
                             key_scale, value_scale, limits=LIMITS, softmax_scale=softmax_scale,
-                            query_length=query_length, sliding_window=sliding_window, arch=arch)
+                            query_length=query_length, sliding_window=sliding_window, arch=arch,
+                            query_start_loc=query_start_loc)
 
 
 def launcher_for(p, num_partitions=1, m_tiles=None, work_list=False):
@@ -670,19 +715,19 @@ def launcher_for(p, num_partitions=1, m_tiles=None, work_list=False):
     return build_launcher(p.arch, p.block_size, p.head_dim, p.group, p.query_length, p.q_dtype,
                           p.per_token, p.v_layout == "trans_blocked", p.sliding_window,
                           num_partitions, m_tiles, work_list, p.sinks and unsplit, p.soft_cap,
-                          p.lse and unsplit)
+                          p.lse and unsplit, p.ragged)
 
 
 # %% tags=["export"]
 def launch_args(query, key_cache, value_cache, block_tables, context_lengths, key_scale,
                 value_scale, *, softmax_scale=None, query_length=None, sliding_window=0, out=None,
-                arch=None, num_partitions=1, m_tiles=None):
+                arch=None, num_partitions=1, m_tiles=None, query_start_loc=None):
     """``(launcher, args, arch)`` after validation: ``launcher(*args)`` runs the kernel,
     ``pa_tile.toolchain.compile_isa(launcher, *args, arch=arch)`` shows its assembly. With
     ``num_partitions`` > 1 the partial buffers are ``args[1:4]`` and ``out`` is unused."""
     p = _describe(query, key_cache, value_cache, block_tables, context_lengths, key_scale,
                   value_scale, softmax_scale, query_length, sliding_window, arch, num_partitions,
-                  m_tiles)
+                  m_tiles, query_start_loc)
     ks, vs = problem.scale_tensors(p, key_scale, value_scale)
     if num_partitions > 1:
         shapes = partial_shapes(p, num_partitions, m_tiles)
@@ -692,7 +737,7 @@ def launch_args(query, key_cache, value_cache, block_tables, context_lengths, ke
         d = torch.empty(1, dtype=torch.float32, device=query.device)
         first = (problem.output(p, query, out), d, d, d)
     args = kernel_args(p, first, query, key_cache, value_cache, block_tables, context_lengths, ks,
-                       vs)
+                       vs, query_start_loc=query_start_loc)
     return launcher_for(p, num_partitions, m_tiles), args, p.arch
 
 

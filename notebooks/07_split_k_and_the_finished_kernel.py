@@ -114,7 +114,7 @@ __all__ = ["paged_decode", "launch_args", "build_reduce", "combine_torch", "choo
            "PARTIAL_BYTES_BUDGET", "DEFAULT_SCHEDULE", "SCHEDULES", "chunk_floor",
            "choose_schedule", "work_entries", "work_list", "work_list_buffers",
            "reduce_geometry", "load_partition_group", "merge_partition_group",
-           "combine_partitions", "tabled_split"]
+           "combine_partitions", "tabled_split", "build_ragged_reduce"]
 
 # %% [markdown]
 # Its constants, each explained in the section that uses it.
@@ -223,8 +223,10 @@ def reduce_geometry(head_dim, group, query_length, q_dtype="f16", sinks=False, l
     and log-sum-exp out."""
     if head_dim % 64 or not 64 <= head_dim <= 256:
         raise ValueError(f"unsupported head_dim={head_dim} (64, 128 or 256)")
-    if not (1 <= group <= s5.LIMITS.max_group and 1 <= query_length <= s5.LIMITS.max_query_length):
-        raise ValueError(f"unsupported group={group}, query_length={query_length}")
+    if not (1 <= query_length <= s5.LIMITS.max_query_length
+            and s5.LIMITS.allows_group(group, query_length)):
+        raise ValueError(f"unsupported group={group}, query_length={query_length} (group "
+                         f"{s5.LIMITS.groups_text(query_length)} at this query_length)")
     rows = group * query_length
     lanes = head_dim // 4  # lanes per row: 4 channels (one dwordx4) each
     rows_per_wg = REDUCE_THREADS // lanes
@@ -287,11 +289,13 @@ def merge_partition_group(st, maxes, sums, outs, ninf, zero):
 # %% tags=["export"]
 @device_code
 def combine_partitions(c, out, pmax, psum, pout, num_kv_heads, z0, z1, first, stride, sinks,
-                       lse):
+                       lse, query_start_loc=None):
     """Merge partitions ``z0(seq) .. z1(seq)`` of this thread's row, whose stats sit at float
     ``first(seq, kvh) + z·stride``, and write its 4 channels (``c``: ``reduce_geometry``; with
     ``c.SINKS`` the row's sink joins the denominator, with ``c.LSE`` its log-sum-exp goes to
-    ``lse``: chapter 08)."""
+    ``lse``: chapter 08). With ``query_start_loc`` (ragged rows) sequence ``seq`` owns ``out``
+    rows ``loc[seq] .. loc[seq+1]``; a row past them (padding) loads no partial and writes
+    nothing."""
     tid = fx.Int32(gpu.thread_id("x"))
     seq = fx.Int32(gpu.block_id("x"))
     kvh = fx.Int32(gpu.block_id("y"))
@@ -303,6 +307,10 @@ def combine_partitions(c, out, pmax, psum, pout, num_kv_heads, z0, z1, first, st
     ninf = fx.Float32(float("-inf"))
     zero = fx.Float32(0.0)
     lo, hi = z0(seq), z1(seq)
+    if const_expr(query_start_loc is not None):
+        q0 = scalar_load(query_start_loc, seq)
+        live_rows = (scalar_load(query_start_loc, seq + 1) - q0) * c.G
+        hi = fx.Int32(select(r < live_rows, hi, lo))  # a padding row merges no partition
     init = [ninf, zero, fx.Vector.filled(4, 0.0, fx.Float32)]
     for gi, st in range(0, (hi - lo + (REDUCE_GROUP - 1)) // REDUCE_GROUP, 1, init=init):
         zb = lo + fx.Int32(gi) * REDUCE_GROUP
@@ -323,23 +331,21 @@ def combine_partitions(c, out, pmax, psum, pout, num_kv_heads, z0, z1, first, st
             g, lse2 = with_sink(lse2, sink2)
             inv = inv * g
     o = fx.Vector(res[2]) * splat4(inv)
-    if r < c.ROWS:
-        orow = (seq * c.QL + qi) * (num_kv_heads * c.G) + kvh * c.G + (rc - qi * c.G)
+    live, base = c.ROWS, seq * c.QL
+    if const_expr(query_start_loc is not None):
+        live, base = live_rows, q0
+    if r < live:
+        orow = (base + qi) * (num_kv_heads * c.G) + kvh * c.G + (rc - qi * c.G)
         buffer_store(o.to(c.QDT).bitcast(fx.Int32), o_rs, (orow * c.HD + d0) * 2)
         if const_expr(c.LSE):
             if d0 == 0:
                 buffer_store(fx.Float32(lse2 * (1.0 / LOG2E)).bitcast(fx.Int32), rsrc(lse),
                              orow * 4)
 
-# %% [markdown]
-# The two launchers: a uniform split's partitions of a (sequence, KV head) are `num_partitions`
-# consecutive slots; a work list's are the entries `offsets[s] .. offsets[s+1]` of sequence `s`.
-# Grid `(num_seqs, num_kv_heads, GRID_Z)` either way.
 
-# %% tags=["export"]
 @functools.lru_cache(maxsize=None)
 def build_reduce(head_dim, group, query_length, q_dtype="f16", balanced=False, sinks=False,
-                 lse=False):
+                 lse=False, ragged=False):
     """The ``@flyc.jit`` flash-combine ``launch(out, pmax, psum, pout, num_seqs, num_kv_heads,
     num_partitions, sinks, lse)`` for one (head_dim, group, query_length, query dtype): partials ``pmax``/
     ``psum`` [S, kvh, NP, rows], ``pout`` [S, kvh, NP, rows, head_dim] (float32) -> ``out``
@@ -347,9 +353,12 @@ def build_reduce(head_dim, group, query_length, q_dtype="f16", balanced=False, s
     (live partitions; 0 where ℓ = 0, ``out`` 0 if Σ w = 0). ``balanced``: a work list's partials
     [entries, kvh, rows(, head_dim)], ``launch(out, pmax, psum, pout, offsets, num_seqs,
     num_kv_heads, sinks, lse)``: sequence s merges entries ``offsets[s] .. offsets[s+1]``.
-    ``sinks``/``lse`` (chapter 08): read/written only when their flag is set (else any tensor)."""
+    ``sinks``/``lse`` (chapter 08): read/written only when their flag is set (else any tensor).
+    ``ragged``: the rows of ``query_start_loc`` (``build_ragged_reduce``)."""
     c = reduce_geometry(head_dim, group, query_length, q_dtype, sinks, lse)
     ROWS, GRID_Z = c.ROWS, c.GRID_Z
+    if ragged:
+        return build_ragged_reduce(c, balanced)
     if balanced:
         @flyc.kernel(known_block_size=(REDUCE_THREADS, 1, 1))
         def pa_reduce_s6_listed(out: fx.Tensor, pmax: fx.Tensor, psum: fx.Tensor, pout: fx.Tensor,
@@ -383,6 +392,54 @@ def build_reduce(head_dim, group, query_length, q_dtype="f16", balanced=False, s
                num_kv_heads: fx.Int32, num_partitions: fx.Int32, sinks: fx.Tensor, lse: fx.Tensor,
                stream: fx.Stream = fx.Stream(None)):
         pa_reduce_s6(out, pmax, psum, pout, num_kv_heads, num_partitions, sinks, lse).launch(
+            grid=(num_seqs, num_kv_heads, GRID_Z), block=(REDUCE_THREADS, 1, 1), stream=stream)
+
+    return launch
+
+
+def build_ragged_reduce(c, balanced):
+    """``build_reduce`` for ragged query rows: the same launches with ``query_start_loc`` last,
+    after the sinks and lse places (sequence s writes ``out`` rows ``loc[s] .. loc[s+1]``, ``c.QL`` is their bound), a
+    specialization of its own so the uniform reduce's code does not change."""
+    ROWS, GRID_Z = c.ROWS, c.GRID_Z
+    if balanced:
+        @flyc.kernel(known_block_size=(REDUCE_THREADS, 1, 1))
+        def pa_reduce_s6_listed_ragged(out: fx.Tensor, pmax: fx.Tensor, psum: fx.Tensor,
+                                       pout: fx.Tensor, offsets: fx.Tensor, num_kv_heads: fx.Int32,
+                                       sinks: fx.Tensor, lse: fx.Tensor,
+                                       query_start_loc: fx.Tensor):
+            combine_partitions(c, out, pmax, psum, pout, num_kv_heads,
+                               lambda seq: scalar_load(offsets, seq),
+                               lambda seq: scalar_load(offsets, seq + 1),
+                               lambda seq, kvh: kvh * ROWS, num_kv_heads * ROWS, sinks, lse,
+                               query_start_loc)
+
+        @flyc.jit
+        def launch_listed(out: fx.Tensor, pmax: fx.Tensor, psum: fx.Tensor, pout: fx.Tensor,
+                          offsets: fx.Tensor, num_seqs: fx.Int32, num_kv_heads: fx.Int32,
+                          sinks: fx.Tensor, lse: fx.Tensor, query_start_loc: fx.Tensor,
+                          stream: fx.Stream = fx.Stream(None)):
+            pa_reduce_s6_listed_ragged(out, pmax, psum, pout, offsets, num_kv_heads, sinks, lse,
+                                       query_start_loc).launch(
+                grid=(num_seqs, num_kv_heads, GRID_Z), block=(REDUCE_THREADS, 1, 1), stream=stream)
+        return launch_listed
+
+    @flyc.kernel(known_block_size=(REDUCE_THREADS, 1, 1))
+    def pa_reduce_s6_ragged(out: fx.Tensor, pmax: fx.Tensor, psum: fx.Tensor, pout: fx.Tensor,
+                            num_kv_heads: fx.Int32, num_partitions: fx.Int32, sinks: fx.Tensor,
+                            lse: fx.Tensor, query_start_loc: fx.Tensor):
+        combine_partitions(c, out, pmax, psum, pout, num_kv_heads, lambda seq: 0,
+                           lambda seq: num_partitions,
+                           lambda seq, kvh: (seq * num_kv_heads + kvh) * num_partitions * ROWS,
+                           ROWS, sinks, lse, query_start_loc)
+
+    @flyc.jit
+    def launch(out: fx.Tensor, pmax: fx.Tensor, psum: fx.Tensor, pout: fx.Tensor,
+               num_seqs: fx.Int32, num_kv_heads: fx.Int32, num_partitions: fx.Int32,
+               sinks: fx.Tensor, lse: fx.Tensor, query_start_loc: fx.Tensor,
+               stream: fx.Stream = fx.Stream(None)):
+        pa_reduce_s6_ragged(out, pmax, psum, pout, num_kv_heads, num_partitions, sinks, lse,
+                            query_start_loc).launch(
             grid=(num_seqs, num_kv_heads, GRID_Z), block=(REDUCE_THREADS, 1, 1), stream=stream)
 
     return launch
@@ -761,7 +818,7 @@ def work_list_buffers(num_seqs, num_partitions, device):
     """The tensors :func:`work_list` computes in (a plan allocates them once, so a run allocates
     nothing and a captured graph replays the list's ops on its lengths)."""
     n = work_entries(num_seqs, num_partitions)
-    per_seq = ("tiles", "first", "units", "chunks", "ends")
+    per_seq = ("tiles", "first", "units", "chunks", "ends", "qlens", "has_rows")
     b = {k: torch.empty(num_seqs, dtype=torch.int64, device=device) for k in per_seq}
     b.update({k: torch.empty(n, dtype=torch.int64, device=device) for k in ("seq", "t0", "t1",
                                                                             "gathered")})
@@ -778,7 +835,7 @@ def work_list_buffers(num_seqs, num_partitions, device):
 
 # %% tags=["export"]
 def work_list(context_lengths, num_partitions, min_tiles, *, query_length=1, sliding_window=0,
-              buffers=None, fixed_chunks=False):
+              buffers=None, fixed_chunks=False, query_start_loc=None):
     """The balanced split of a batch, on ``context_lengths``' device without reading a value on
     the host: ``(work, offsets)``, ``work`` [``work_entries``, 4] int32 rows (sequence, first tile,
     end tile, 0), ``offsets`` [S + 1] int32 (sequence s owns entries
@@ -786,7 +843,9 @@ def work_list(context_lengths, num_partitions, min_tiles, *, query_length=1, sli
     (S·num_partitions)))`` tiles, the tiles a sliding window skips left out. Every op writes
     into ``buffers`` (:func:`work_list_buffers`; None: allocated here), so with them given
     nothing is allocated. ``fixed_chunks``: ``per = min_tiles`` whatever the batch (batch
-    invariance, chapter 08; ``num_partitions`` must then cover the longest sequence's chunks)."""
+    invariance, chapter 08; ``num_partitions`` must then cover the longest sequence's chunks).
+    ``query_start_loc`` (ragged rows): each sequence's own query count ``loc[s+1] - loc[s]``
+    bounds its window's first tile, and a sequence without queries gets no chunk."""
     S = context_lengths.shape[0]
     b = buffers if buffers is not None else work_list_buffers(S, num_partitions,
                                                               context_lengths.device)
@@ -794,12 +853,20 @@ def work_list(context_lengths, num_partitions, min_tiles, *, query_length=1, sli
                                                              "ends", "per"))
     seq, t0, t1, g, x = (b[k] for k in ("seq", "t0", "t1", "gathered", "x"))
     torch.add(context_lengths, TILE - 1, out=tiles).floor_divide_(TILE)
-    if sliding_window > 0:  # as the kernel's tile_range: tiles wholly before every row's window
+    if query_start_loc is not None:
+        qn = torch.sub(query_start_loc.narrow(0, 1, S), query_start_loc.narrow(0, 0, S),
+                       out=b["qlens"])
+    if sliding_window > 0 and query_start_loc is not None:  # the sequence's own rows' windows
+        torch.sub(context_lengths, qn, out=first).add_(1 - sliding_window).clamp_min_(
+            0).floor_divide_(TILE)
+    elif sliding_window > 0:  # as the kernel's tile_range: tiles wholly before every row's window
         torch.sub(context_lengths, query_length - 1 + sliding_window,
                   out=first).clamp_min_(0).floor_divide_(TILE)
     else:
         first.zero_()
     torch.sub(tiles, first, out=units).clamp_min_(0)
+    if query_start_loc is not None:  # no queries, no chunk (the kernel would load nothing)
+        units.mul_(torch.clamp(qn, 0, 1, out=b["has_rows"]))
     target = S * num_partitions
     if fixed_chunks:
         per.fill_(min_tiles)

@@ -149,7 +149,7 @@ show.source(serving_math.with_sink, serving_math.finish_row)
 # sinks. So there are two plans, one per layer kind, and `Plan.run` takes each layer's sinks:
 # they are data, while their presence specializes the kernel.
 
-# %%
+# %% tags=["nbval-ignore-output"]
 GPT_OSS = dict(num_q_heads=64, num_kv_heads=8, head_dim=64)
 oss = cache.make_case(4, **GPT_OSS, block_size=16, context_lengths=[700, 1300, 90, 2100],
                       fp8_format=fp8_format(ARCH_A), scales="per-token", seed=1, pad_block_id=-1)
@@ -177,6 +177,7 @@ for layer, sinks in enumerate(layer_sinks):
 print(format_table(rows, headers=dict(within_bound="out within fp8 bound",
                                       err_over_bound="worst error / bound",
                                       lse_err="max |lse error|")))
+assert all(r["within_bound"] for r in rows)
 
 # %% [markdown]
 # `worst error / bound`: the largest output error over its fp8 error bound (chapter 02's
@@ -190,7 +191,7 @@ print(format_table(rows, headers=dict(within_bound="out within fp8 bound",
 # The local layers see 4096 tokens; the longer sequence below is past its window. The query is
 # scaled by 16 so that the largest logits reach the cap, where tanh bends them.
 
-# %%
+# %% tags=["nbval-ignore-output"]
 GEMMA2 = dict(num_q_heads=16, num_kv_heads=8, head_dim=256)
 gem = cache.make_case(2, **GEMMA2, block_size=16, context_lengths=[4500, 600],
                       fp8_format=fp8_format(ARCH_B), query_dtype=torch.bfloat16, seed=2,
@@ -211,6 +212,7 @@ print(format_table(rows, headers=dict(within_bound="out within fp8 bound",
                                       err_over_bound="worst error / bound",
                                       vs_uncapped="same output vs an uncapped reference")))
 gem_worst = max(w for _, w in outs.values())
+assert all(r["within_bound"] for r in rows) and all(float(r["vs_uncapped"]) > 1 for r in rows)
 moved = int((outs[4096][0][0] != outs[0][0][0]).sum())
 print(f"the window changes {moved} of the 4500-token sequence's {outs[0][0][0].numel()} outputs")
 
@@ -227,7 +229,7 @@ print(f"the window changes {moved} of the 4500-token sequence's {outs[0][0][0].n
 # extra heads of each KV head: group 8 becomes 24, one sequence, 512 tokens. The sinks go to the
 # prefix call only.
 
-# %%
+# %% tags=["nbval-ignore-output"]
 S, G, PREFIX, BS = 3, 8, 512, 16
 cas = cache.make_case(S, 8 * 4, 4, 128, BS, [1100, 700, 520], fp8_format=fp8_format(ARCH_B),
                       scales="per-token", seed=5, pad_block_id=-1)
@@ -253,6 +255,7 @@ prefix_kv = PREFIX * kvh * d * 2  # fp8 K and V bytes of the prefix
 print(f"merged within the fp8 bound of whole-context attention: {ok} "
       f"(worst error / bound {cascade_worst:.2f})")
 print(f"prefix K/V read: {prefix_kv:,} bytes once, instead of {S * prefix_kv:,} ({S} sequences)")
+assert ok
 
 # %% [markdown]
 # ## Batch invariance
@@ -297,7 +300,7 @@ plt.show()
 # %% [markdown]
 # In bits: the watched sequence's output alone and as the last of batch B, each way.
 
-# %%
+# %% tags=["nbval-ignore-output"]
 rows = []
 for mode, kw in (("default", {}), ("batch_invariant", dict(batch_invariant=True))):
     alone = pa_tile.paged_decode(*batch(ALONE), arch=ARCH_A, **kw)[0]
@@ -305,6 +308,7 @@ for mode, kw in (("default", {}), ("batch_invariant", dict(batch_invariant=True)
     rows.append(dict(mode=mode, differing=int((alone != crowded).sum()), of=alone.numel()))
 print(format_table(rows, headers=dict(differing="output elements that differ", of="of")))
 invariant_equal = rows[1]["differing"] == 0
+assert invariant_equal and rows[0]["differing"] > 0
 
 # %% [markdown]
 # What it costs: every sequence, however short, now writes partials and goes through the reduce.
@@ -370,7 +374,7 @@ else:
 # merge_states(out_a, lse_a, out_b, lse_b): exact for disjoint keys, sink in one part only
 # ```
 
-# %%
+# %% tags=["nbval-ignore-output"]
 show.measured({"gpt-oss layers (sinks, window 128 / full): worst error / fp8 bound":
                f"{oss_worst:.2f}",
                "Gemma 2 layers (soft-cap 50, window 4096 / global): worst error / fp8 bound":

@@ -183,7 +183,7 @@ def phase_a(c, st, t, tok, ctx, k_words, pages, v_page, shared, lane, c_qk, hi1,
             # wave touches its slots, so no barrier (the wave's LDS ops stay in order). Tokens no
             # row can see hold finite scales too; in the wave max they would shrink every real
             # token's weight v_scale/vmax and with it P before its e4m3 rounding: 0 keeps them out.
-            vmax, rv = stage_scales(sc_lds, sc_k, sc_v, k_sc1, v_sc1, t, wave, lane, ctx, c.QL, c.W)
+            vmax, rv = stage_scales(sc_lds, sc_k, sc_v, k_sc1, v_sc1, t, wave, lane, ctx, c.QN, c.W)
         if const_expr(c.per_token):
             # 4 scales at a time, not 16 next to V in flight
             s = k_scaled(s, sc_lds, sc_k, grp, fenced=True)

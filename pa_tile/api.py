@@ -41,7 +41,8 @@ choose_num_partitions = s6.choose_num_partitions
 def workspace_size(num_seqs, num_kv_heads, group, query_length, head_dim, num_partitions, schedule=None) -> int:
     """float32 elements of the workspace of a call with these shapes, ``num_partitions`` and
     ``schedule``; ``None`` is the call's own default (``s6.choose_schedule``: balanced for a split),
-    so a workspace sized with the defaults serves a call made with the defaults."""
+    so a workspace sized with the defaults serves a call made with the defaults. A ragged call
+    (``query_start_loc``) takes ``query_length`` = its bound (8 by default), as its partials do."""
     return s6.workspace_size(num_seqs, num_kv_heads, group, query_length, head_dim, num_partitions,
                              s6.choose_schedule(num_partitions, schedule))
 
@@ -105,7 +106,7 @@ def _workspace(p: problem.Problem, parts: int, m_tiles, workspace, schedule="uni
 
 def _describe(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale, *,
               softmax_scale, sliding_window, query_length, m_tiles, arch, check_values, sinks=None,
-              logits_soft_cap=None, return_lse=False):
+              logits_soft_cap=None, return_lse=False, query_start_loc=None):
     if m_tiles is not None:
         problem.int_option(m_tiles, "m_tiles", 1, LIMITS.max_m_tiles)
     if check_values is None:
@@ -114,7 +115,7 @@ def _describe(query, key_cache, value_cache, block_tables, context_lengths, key_
     return problem.describe(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale,
                             limits=LIMITS, softmax_scale=softmax_scale, query_length=query_length,
                             sliding_window=sliding_window, arch=arch, check_values_now=check_values, sinks=sinks,
-                            logits_soft_cap=logits_soft_cap, return_lse=return_lse)
+                            logits_soft_cap=logits_soft_cap, return_lse=return_lse, query_start_loc=query_start_loc)
 
 
 def _codes(cache):
@@ -159,7 +160,7 @@ class Plan:
 
     def __init__(self, p: problem.Problem, num_partitions: int, m_tiles: Optional[int], workspace, block_tables,
                  context_lengths, key_scale, value_scale, query_meta, cache_meta, schedule="uniform",
-                 chunk_tiles=1, sinks=None, batch_invariant=False):
+                 chunk_tiles=1, sinks=None, batch_invariant=False, query_start_loc=None):
         self.problem, self.num_partitions, self.m_tiles = p, num_partitions, m_tiles
         self.schedule = schedule
         self.workspace, self.block_tables, self.context_lengths = workspace, block_tables, context_lengths
@@ -176,7 +177,9 @@ class Plan:
         slots = (grid_x, 1) if self._balanced else (p.num_seqs, num_partitions)
         self._partials = tuple(s6.carve(workspace, slots[0], p.num_kv_heads, rows, p.head_dim, slots[1])
                                if self.splits else (workspace.narrow(0, 0, 1),) * 3)
-        self._out_shape = (p.num_seqs * p.query_length, p.num_q_heads, p.head_dim)
+        self._out_shape = (p.total_rows, p.num_q_heads, p.head_dim)
+        #: ragged query rows (``p.ragged``): the int32 [num_seqs + 1] row starts the kernels read
+        self.query_start_loc = query_start_loc
         stride = query_meta[3]
         self._scalars = (grid_x, p.num_kv_heads, p.max_blocks, stride[0], stride[1], p.scale_log2)
         self._reduce_scalars = (p.num_seqs, p.num_kv_heads) if self._balanced else \
@@ -219,7 +222,7 @@ class Plan:
                                            ks, vs, out, self.workspace, p.softmax_scale, p.sliding_window,
                                            p.query_length, None if self.batch_invariant else self.num_partitions,
                                            self.m_tiles, p.arch, self.schedule, self.chunk_tiles, sinks,
-                                           p.soft_cap or None, lse, self.batch_invariant)
+                                           p.soft_cap or None, lse, self.batch_invariant, self.query_start_loc)
         else:
             self._launch(query, key_cache, value_cache, ks, vs, out, sinks, lse)
         return (out, lse) if p.lse else out
@@ -243,8 +246,8 @@ class Plan:
     @property
     def _reduce(self):
         p = self.problem
-        return s6.build_reduce(p.head_dim, p.group, p.query_length, p.q_dtype, self._balanced, p.sinks, p.lse) \
-            if self.splits else None
+        return s6.build_reduce(p.head_dim, p.group, p.query_length, p.q_dtype, self._balanced, p.sinks, p.lse,
+                               p.ragged) if self.splits else None
 
     def work_list(self):
         """``(work, offsets)`` of a balanced split (``s6.work_list``), as laid out when planned or
@@ -261,7 +264,8 @@ class Plan:
             p = self.problem
             self._work = s6.work_list(self.context_lengths, self.num_partitions, self.chunk_tiles,
                                       query_length=p.query_length, sliding_window=p.sliding_window,
-                                      buffers=self._work_buffers, fixed_chunks=self.batch_invariant)
+                                      buffers=self._work_buffers, fixed_chunks=self.batch_invariant,
+                                      query_start_loc=self.query_start_loc)
         return self
 
     def _steps(self, query, key_cache, value_cache, ks, vs, out, sinks=None, lse=None):
@@ -274,13 +278,15 @@ class Plan:
         partials = self._partials
         if not self.splits and lse is not None:
             partials = (lse,) + partials[1:]
+        # a ragged call's row starts go last in both kernels (their own specializations)
+        loc = (self.query_start_loc,) if self.problem.ragged else ()
         steps = [(self._partial, (out,) + partials + (query, _codes(key_cache), _codes(value_cache),
                                                       self.block_tables, self.context_lengths, work, ks, vs)
-                  + self._scalars + (sk,))]
+                  + self._scalars + (sk,) + loc)]
         if self.splits:
             extra = (wl[1],) if wl is not None else ()
             steps.append((self._reduce, (out,) + partials + extra + self._reduce_scalars
-                          + (sk, ks if lse is None else lse)))
+                          + (sk, ks if lse is None else lse) + loc))
         return steps
 
     def _launch(self, query, key_cache, value_cache, ks, vs, out, sinks=None, lse=None):
@@ -338,7 +344,8 @@ class Plan:
 
     def __repr__(self) -> str:
         p = self.problem
-        return (f"Plan({p.num_seqs} seqs x {p.query_length} queries, {p.num_q_heads}/{p.num_kv_heads} heads, "
+        queries = f"<={p.query_length}" if p.ragged else f"{p.query_length}"
+        return (f"Plan({p.num_seqs} seqs x {queries} queries, {p.num_q_heads}/{p.num_kv_heads} heads, "
                 f"head_dim {p.head_dim}, block {p.block_size}, {p.arch}, {self.num_partitions} partition(s)"
                 + (", balanced" if self._balanced else "") + (", batch-invariant" if self.batch_invariant else "")
                 + (f", soft-cap {p.soft_cap:g}" if p.soft_cap else "") + (", sinks" if p.sinks else "")
@@ -348,7 +355,7 @@ class Plan:
 def plan(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale, *,
          softmax_scale=None, sliding_window=0, query_length=None, workspace=None, num_partitions=None,
          m_tiles=None, arch=None, check_values=None, schedule=None, chunk_tiles=None, sinks=None,
-         logits_soft_cap=None, return_lse=False, batch_invariant=False) -> Plan:
+         logits_soft_cap=None, return_lse=False, batch_invariant=False, query_start_loc=None) -> Plan:
     """Validate a batch once and fix what its layers share; -> :class:`Plan`.
 
     Arguments as :func:`paged_decode`. ``check_values``: read context lengths, page ids and scales
@@ -357,25 +364,27 @@ def plan(query, key_cache, value_cache, block_tables, context_lengths, key_scale
     workspace unless one is given (``make_workspace``). ``chunk_tiles``: the fewest 256-token
     tiles of a balanced split's chunk (None: ``s6.chunk_floor``, the traffic cap, for the chosen
     split; 1 for an explicit ``num_partitions``, honoured as the uniform split honours it); with
-    ``batch_invariant`` every chunk's size (:func:`_split`)."""
+    ``batch_invariant`` every chunk's size (:func:`_split`). ``query_start_loc``: ragged query rows
+    (:func:`paged_decode`); the plan keeps the tensor, whose values may change in place between runs
+    (``refresh`` after they do, for a balanced split)."""
     p = _describe(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale,
                   softmax_scale=softmax_scale, sliding_window=sliding_window, query_length=query_length,
                   m_tiles=m_tiles, arch=arch, check_values=check_values, sinks=sinks,
-                  logits_soft_cap=logits_soft_cap, return_lse=return_lse)
+                  logits_soft_cap=logits_soft_cap, return_lse=return_lse, query_start_loc=query_start_loc)
     parts, sched, chunk_tiles = _split(p, num_partitions, schedule, chunk_tiles, batch_invariant)
     ws = _workspace(p, parts, m_tiles, workspace, sched)
     pl = Plan(p, parts, m_tiles, ws, block_tables, context_lengths, key_scale, value_scale,
               (query.shape, query.dtype, query.device, query.stride()),
               {"key_cache": (key_cache.shape, key_cache.dtype, key_cache.device),
                "value_cache": (value_cache.shape, value_cache.dtype, value_cache.device)}, sched, chunk_tiles,
-              sinks, batch_invariant)
+              sinks, batch_invariant, query_start_loc)
     return pl if _tracing(query) else pl.refresh()
 
 
 def paged_decode(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale, *,
                  softmax_scale=None, sliding_window=0, query_length=None, out=None, workspace=None,
                  num_partitions=None, m_tiles=None, arch=None, schedule=None, sinks=None, logits_soft_cap=None,
-                 return_lse=False, lse=None, batch_invariant=False):
+                 return_lse=False, lse=None, batch_invariant=False, query_start_loc=None):
     """fp8 paged decode attention (the finished pa_tile kernel); returns ``out``, or ``(out, lse)``
     with ``return_lse=True``.
 
@@ -411,6 +420,13 @@ def paged_decode(query, key_cache, value_cache, block_tables, context_lengths, k
     * ``batch_invariant``: a sequence's output is bitwise the same whatever batch it sits in and
       wherever: its keys are split into fixed chunks of ``s6.chunk_floor`` tiles (a balanced work
       list whose chunk size does not depend on the batch) and always merged by the reduce.
+    ``query_start_loc`` (int32 [num_seqs + 1], on the query's device; vLLM's name): ragged query
+    rows. Sequence ``s`` has ``q_s = loc[s+1] - loc[s]`` queries, rows ``loc[s] .. loc[s+1]`` of
+    ``query`` (``[loc[-1], num_q_heads, head_dim]``) and of ``out``, the last ``q_s`` positions of its
+    context, causally masked (0: skipped, no row). ``query_length`` is then the bound on every
+    ``q_s`` (no host sync reads it from ``loc``); None takes ``LIMITS.max_query_length`` (8) when
+    ``group x 8 <= 128`` rows fit, else it must be given. The kernels are specialized for the bound,
+    so a smaller one is cheaper.
 
     Checks (``pa_tile.problem``): every argument's kind, dtype, shape, layout and device, before any
     launch; values (context lengths, page ids, scale values) only for CPU tensors, where reading
@@ -421,9 +437,9 @@ def paged_decode(query, key_cache, value_cache, block_tables, context_lengths, k
     if _tracing(query):  # torch.compile / fake tensors: the op plans outside the traced region
         return _via_op(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale,
                        softmax_scale, sliding_window, query_length, out, workspace, num_partitions, m_tiles, arch,
-                       schedule, sinks, logits_soft_cap, return_lse, lse, batch_invariant)
+                       schedule, sinks, logits_soft_cap, return_lse, lse, batch_invariant, query_start_loc)
     tensors = (query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale, workspace,
-               sinks)
+               sinks, query_start_loc)
     key = _call_key(tensors, (softmax_scale, sliding_window, query_length, num_partitions, m_tiles, arch, schedule,
                               logits_soft_cap, repr(return_lse), repr(batch_invariant)))
     pl = _plans.get(key) if key is not None else None
@@ -432,7 +448,7 @@ def paged_decode(query, key_cache, value_cache, block_tables, context_lengths, k
                   softmax_scale=softmax_scale, sliding_window=sliding_window, query_length=query_length,
                   workspace=workspace, num_partitions=num_partitions, m_tiles=m_tiles, arch=arch,
                   schedule=schedule, sinks=sinks, logits_soft_cap=logits_soft_cap, return_lse=return_lse,
-                  batch_invariant=batch_invariant)
+                  batch_invariant=batch_invariant, query_start_loc=query_start_loc)
         # a plan owning its workspace is not shared between calls (streams could overlap on it)
         if key is not None and (workspace is not None or not pl.splits):
             if len(_plans) >= _MAX_PLANS:
@@ -441,7 +457,8 @@ def paged_decode(query, key_cache, value_cache, block_tables, context_lengths, k
     else:
         # the same call as before, by every tensor's metadata and memory: only the values may differ
         if query.device.type == "cpu":
-            problem.check_values(pl.problem, block_tables, context_lengths, key_scale, value_scale, query, sinks)
+            problem.check_values(pl.problem, block_tables, context_lengths, key_scale, value_scale, query, sinks,
+                                 query_start_loc)
         pl.refresh()  # a balanced split's work follows the lengths' values
     return pl.run(query, key_cache, value_cache, out=out, lse=lse)
 
@@ -455,7 +472,7 @@ def _scale_tensor(x, name, device):
 
 def _via_op(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale, softmax_scale,
             sliding_window, query_length, out, workspace, num_partitions, m_tiles, arch, schedule, sinks,
-            logits_soft_cap, return_lse, lse, batch_invariant):
+            logits_soft_cap, return_lse, lse, batch_invariant, query_start_loc=None):
     """``paged_decode`` while PyTorch traces: the arguments as given into the op (``op_fake``
     validates them at trace time, ``op_impl`` plans and launches at run time)."""
     problem.need_tensor(query, "query")
@@ -469,7 +486,7 @@ def _via_op(query, key_cache, value_cache, block_tables, context_lengths, key_sc
                                    _scale_tensor(key_scale, "key_scale", query.device),
                                    _scale_tensor(value_scale, "value_scale", query.device), out, workspace,
                                    softmax_scale, sliding_window, query_length, num_partitions, m_tiles, arch,
-                                   schedule, None, sinks, logits_soft_cap, lse, batch_invariant)
+                                   schedule, None, sinks, logits_soft_cap, lse, batch_invariant, query_start_loc)
     return (out, lse) if return_lse else out
 
 
@@ -502,11 +519,13 @@ def _call_key(tensors, options):
 
 
 def make_workspace(query, key_cache, block_tables, *, query_length=None, num_partitions=None, arch=None,
-                   value_cache=None, context_lengths=None, schedule=None, batch_invariant=False, chunk_tiles=None):
+                   value_cache=None, context_lengths=None, schedule=None, batch_invariant=False, chunk_tiles=None,
+                   query_start_loc=None):
     """A float32 workspace for ``paged_decode`` calls with these shapes: the same validation of the
-    arguments it is given and the same partition choice (and schedule) as the call."""
+    arguments it is given and the same partition choice (and schedule) as the call. Ragged calls
+    (``query_start_loc``) size it for ``query_length``, their bound (``workspace_size`` with it)."""
     p = problem.describe(query, key_cache, value_cache, block_tables, context_lengths, None, None, limits=LIMITS,
-                         query_length=query_length, arch=arch)
+                         query_length=query_length, arch=arch, query_start_loc=query_start_loc)
     parts, sched, _ = _split(p, num_partitions, schedule, chunk_tiles, batch_invariant)
     return _workspace(p, parts, None, None, sched)
 
@@ -527,7 +546,7 @@ def _op_options(softmax_scale, sliding_window, query_length, num_partitions, m_t
 def op_impl(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale, out,
             workspace=None, softmax_scale=None, sliding_window=0, query_length=None, num_partitions=None,
             m_tiles=None, arch=None, schedule=None, chunk_tiles=None, sinks=None, logits_soft_cap=None, lse=None,
-            batch_invariant=False) -> None:
+            batch_invariant=False, query_start_loc=None) -> None:
     """``torch.ops.pa_tile.paged_decode`` on real tensors: plan (once per shapes, options and
     workspace), then launch into ``out``. The plan is keyed by metadata, not memory: the block
     tables, lengths and scales of each call are the ones launched with."""
@@ -538,19 +557,23 @@ def op_impl(query, key_cache, value_cache, block_tables, context_lengths, key_sc
     key = None
     if workspace is not None:  # a plan owning its workspace is not shared (streams could overlap on it)
         key = tuple((t.shape, t.dtype, t.device, t.stride()) for t in tensors) + tuple(opts.values()) + (
-            workspace.data_ptr(), workspace.numel())
+            workspace.data_ptr(), workspace.numel()) + (
+            None if query_start_loc is None else (query_start_loc.shape, query_start_loc.dtype,
+                                                  query_start_loc.device),)
     pl = _op_plans.get(key) if key is not None else None
     if pl is None:
         pl = plan(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale,
-                  workspace=workspace, sinks=sinks, **opts)
+                  workspace=workspace, sinks=sinks, query_start_loc=query_start_loc, **opts)
         if key is not None:
             if len(_op_plans) >= _MAX_PLANS:
                 _op_plans.pop(next(iter(_op_plans)))
             _op_plans[key] = pl
     else:
         if query.device.type == "cpu":
-            problem.check_values(pl.problem, block_tables, context_lengths, key_scale, value_scale, query, sinks)
+            problem.check_values(pl.problem, block_tables, context_lengths, key_scale, value_scale, query, sinks,
+                                 query_start_loc)
         pl.block_tables, pl.context_lengths = block_tables, context_lengths
+        pl.query_start_loc = query_start_loc
         pl.refresh()
     problem.output(pl.problem, query, out)
     if lse is not None:
@@ -562,19 +585,19 @@ def op_impl(query, key_cache, value_cache, block_tables, context_lengths, key_sc
 def op_fake(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale, out,
             workspace=None, softmax_scale=None, sliding_window=0, query_length=None, num_partitions=None,
             m_tiles=None, arch=None, schedule=None, chunk_tiles=None, sinks=None, logits_soft_cap=None, lse=None,
-            batch_invariant=False) -> None:
+            batch_invariant=False, query_start_loc=None) -> None:
     """The op on fake tensors (trace time): every metadata check of the call, no value read,
     nothing launched; a bad argument raises here, named, as the eager call would. Under symbolic
     shapes (dynamic compilation) the checks wait for the real call, which makes them all before
     it launches."""
     tensors = (query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale, out, workspace,
-               sinks, lse)
+               sinks, lse, query_start_loc)
     if not all(isinstance(d, int) for t in tensors if t is not None for d in t.shape):
         return
     p = _describe(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale,
                   softmax_scale=softmax_scale, sliding_window=sliding_window, query_length=query_length,
                   m_tiles=m_tiles, arch=arch, check_values=False, sinks=sinks, logits_soft_cap=logits_soft_cap,
-                  return_lse=lse is not None)
+                  return_lse=lse is not None, query_start_loc=query_start_loc)
     problem.output(p, query, out)
     if lse is not None:
         problem.lse_output(p, query, lse)

@@ -41,7 +41,8 @@ import torch
 
 from pa_tile import arch as _arch
 
-__all__ = ["Limits", "Problem", "describe", "check_values", "check_scales", "resolve_arch", "need_tensor",
+__all__ = ["Limits", "Problem", "describe", "check_values", "check_scales", "check_query_starts", "resolve_arch",
+           "need_tensor",
            "scale_tensors", "output",
            "int_option", "K_LAYOUTS", "V_LAYOUTS", "QUERY_DTYPES", "MAX_SLIDING_WINDOW", "LOG2E",
            "MAX_SCORE_LOG2", "serving_options", "lse_output", "SOFT_CAP_RANGE"]
@@ -83,12 +84,24 @@ class Limits:
     sliding_window: bool = False
     max_partitions: int = 1
     max_m_tiles: int = 1
+    #: the most query rows (group x query_length) one KV head's workgroup takes; None: no bound
+    max_rows: Optional[int] = None
 
-    def allows_group(self, g: int) -> bool:
-        return g in self.groups if self.groups is not None else 1 <= g <= self.max_group
+    def allows_group(self, g: int, query_length: int = 1) -> bool:
+        if self.groups is not None:
+            return g in self.groups
+        return 1 <= g <= self.largest_group(query_length)
 
-    def groups_text(self) -> str:
-        return " or ".join(map(str, self.groups)) if self.groups is not None else f"1..{self.max_group}"
+    def largest_group(self, query_length: int = 1) -> int:
+        """The largest group (query heads per KV head) at ``query_length`` (its rows must fit)."""
+        if self.groups is not None:
+            return max(self.groups)
+        return self.max_group if self.max_rows is None else min(self.max_group, self.max_rows // query_length)
+
+    def groups_text(self, query_length: int = 1) -> str:
+        if self.groups is not None:
+            return " or ".join(map(str, self.groups))
+        return f"1..{self.largest_group(query_length)}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,6 +129,19 @@ class Problem:
     sinks: bool = False
     soft_cap: float = 0.0
     lse: bool = False
+    #: ragged query rows (``query_start_loc``): the rows of ``query`` (``loc[-1]``); None: uniform,
+    #: ``num_seqs x query_length`` rows. When ragged, ``query_length`` is the bound on each
+    #: sequence's rows, which the kernels are specialized for.
+    ragged_rows: Optional[int] = None
+
+    @property
+    def ragged(self) -> bool:
+        return self.ragged_rows is not None
+
+    @property
+    def total_rows(self) -> int:
+        """Rows of ``query`` and ``out``."""
+        return self.ragged_rows if self.ragged else self.num_seqs * self.query_length
 
     @property
     def group(self) -> int:
@@ -304,6 +330,25 @@ def context_span(problem: Problem, block_tables, context_lengths):
     return read
 
 
+def check_query_starts(problem: Problem, query_start_loc) -> list:
+    """The values of a ragged problem's ``query_start_loc``: 0 first, never falling, the query's
+    rows last, each sequence's count at most ``query_length`` (the kernels' bound). Returns the
+    counts ``loc[s+1] - loc[s]``. A host sync for a GPU tensor."""
+    loc = query_start_loc.tolist()
+    if loc[0] != 0:
+        raise ValueError(f"query_start_loc: must start at 0, got {loc[0]}")
+    counts = [b - a for a, b in zip(loc, loc[1:])]
+    for s, n in enumerate(counts):
+        if n < 0:
+            raise ValueError(f"query_start_loc: decreases at sequence {s} ({loc[s]} -> {loc[s + 1]})")
+        if n > problem.query_length:
+            raise ValueError(f"query_start_loc: sequence {s} has {n} query rows, more than query_length="
+                             f"{problem.query_length} (the bound the kernel is specialized for)")
+    if loc[-1] != problem.ragged_rows:
+        raise ValueError(f"query_start_loc: ends at {loc[-1]}, but query has {problem.ragged_rows} rows")
+    return counts
+
+
 def score_bound_log2(problem: Problem, query, key_k_max: float) -> float:
     """An upper bound on |score| in log2 units over every row and key the kernel reads:
     ``softmax_scale · log2 e · max key scale · FP8_MAX · max_row ||q_row||_1`` (|q·k| <= ||q||_1 ·
@@ -313,13 +358,15 @@ def score_bound_log2(problem: Problem, query, key_k_max: float) -> float:
 
 
 def check_values(problem: Problem, block_tables, context_lengths, key_scale=None, value_scale=None,
-                 query=None, sinks=None) -> None:
+                 query=None, sinks=None, query_start_loc=None) -> None:
     """The checks that read tensor values (see the module docstring), each reading only what the
     kernel reads: each context length in ``query_length .. max_blocks·block_size``, the page ids
     inside each context in ``[0, num_blocks)``, the scales (:func:`check_scales`) at the tokens
     inside each context, and, given ``query``, the score bound (:func:`score_bound_log2`) within
     :data:`MAX_SCORE_LOG2` (not with a soft-cap, which bounds every score by the cap); ``sinks``
-    not NaN or +inf (-inf is no sink). A host sync when the tensors are on a GPU."""
+    not NaN or +inf (-inf is no sink). A ragged problem's ``query_start_loc``
+    (:func:`check_query_starts`) gives each sequence's own query count in place of
+    ``query_length``. A host sync when the tensors are on a GPU."""
     if sinks is not None:
         bad = torch.isnan(sinks) | (sinks == math.inf)
         if bool(bad.any()):
@@ -329,7 +376,10 @@ def check_values(problem: Problem, block_tables, context_lengths, key_scale=None
     # plain Python lists: the check creates no tensor on the device (an allocation-free call
     # stays allocation-free there)
     rows = block_tables.tolist()
+    counts = check_query_starts(problem, query_start_loc) if problem.ragged else None
     for s, n in enumerate(context_lengths.tolist()):
+        if counts is not None:
+            ql = counts[s]
         if not ql <= n <= room:
             raise ValueError(f"context_lengths: sequence {s} has {n} tokens; need {ql} .. {room} "
                              f"(block_tables width {problem.max_blocks} x block_size {bs})")
@@ -400,7 +450,7 @@ def lse_output(problem: Problem, query, lse):
 def describe(query, key_cache, value_cache, block_tables, context_lengths, key_scale, value_scale, *,
              limits: Limits, softmax_scale=None, query_length=None, sliding_window=0, arch=None,
              v_layout=None, check_values_now: Optional[bool] = None, sinks=None,
-             logits_soft_cap=None, return_lse=False) -> Problem:
+             logits_soft_cap=None, return_lse=False, query_start_loc=None) -> Problem:
     """Validate a decode call against ``limits``; -> :class:`Problem`.
 
     ``value_cache``, ``context_lengths`` and the scales may be ``None`` for callers that size
@@ -408,6 +458,13 @@ def describe(query, key_cache, value_cache, block_tables, context_lengths, key_s
     full call checks it; ``num_seqs`` then comes from ``block_tables``. ``check_values_now``:
     ``None`` runs :func:`check_values` only when the tensors are on the CPU (free there).
     ``sinks``, ``logits_soft_cap``, ``return_lse``: the serving math (:func:`serving_options`).
+
+    ``query_start_loc`` (int32 ``[num_seqs + 1]`` on the query's device): ragged query rows,
+    sequence ``s`` owns rows ``loc[s] .. loc[s+1]`` of ``query`` (see :func:`check_query_starts`);
+    ``query_length`` is then the bound on a sequence's rows, the kernels' specialization. When it
+    is None it defaults to ``limits.max_query_length`` if that bound's rows fit
+    (``group x bound <= limits.max_rows``), and is otherwise required: a smaller bound costs
+    fewer M-tiles, so a caller who knows its drafts are short should pass it.
     """
     need_tensor(query, "query")
     device = query.device
@@ -433,9 +490,10 @@ def describe(query, key_cache, value_cache, block_tables, context_lengths, key_s
         v_layout = _v_layout_of(value_cache, v_layout, limits, num_blocks, num_kv_heads, block_size, head_dim)
     elif v_layout is None:
         v_layout = limits.v_layouts[0]
-    if num_q_heads % num_kv_heads or not limits.allows_group(num_q_heads // num_kv_heads):
+    if num_q_heads % num_kv_heads or not limits.allows_group(num_q_heads // num_kv_heads, 1):
+        largest = f" (the largest group for query_length 1 is {limits.largest_group(1)})" if limits.max_rows else ""
         raise ValueError(f"query: num_q_heads={num_q_heads} must be {limits.groups_text()} times key_cache's "
-                         f"num_kv_heads={num_kv_heads} for stage {limits.stage}")
+                         f"num_kv_heads={num_kv_heads} for stage {limits.stage}{largest}")
 
     if context_lengths is not None:
         need_tensor(context_lengths, "context_lengths")
@@ -455,13 +513,30 @@ def describe(query, key_cache, value_cache, block_tables, context_lengths, key_s
                          f"got {tuple(block_tables.shape)}")
     if not block_tables.is_contiguous():
         raise ValueError("block_tables: must be contiguous")
-    if query_length is None:
+    group = num_q_heads // num_kv_heads
+    if query_start_loc is not None:
+        _check_query_start_meta(query_start_loc, num_seqs, device)
+        if query_length is None:
+            if not limits.allows_group(group, limits.max_query_length):
+                raise ValueError(f"query_length: required with query_start_loc at group {group} (the default bound "
+                                 f"{limits.max_query_length} gives {group * limits.max_query_length} rows per KV "
+                                 f"head, past the kernel's {limits.max_rows}); pass the largest sequence's "
+                                 f"query rows, at most {limits.max_rows // group}")
+            query_length = limits.max_query_length
+        int_option(query_length, "query_length", 1, limits.max_query_length)
+    elif query_length is None:
         if total_rows % num_seqs:
             raise ValueError(f"query: {total_rows} rows is not a multiple of num_seqs={num_seqs}")
         query_length = total_rows // num_seqs
     int_option(query_length, "query_length", 1, limits.max_query_length)
-    if total_rows != num_seqs * query_length:
+    if query_start_loc is None and total_rows != num_seqs * query_length:
         raise ValueError(f"query: expected {num_seqs}*{query_length} rows (num_seqs*query_length), got {total_rows}")
+    if not limits.allows_group(group, query_length):
+        raise ValueError(f"query: num_q_heads={num_q_heads} must be {limits.groups_text(query_length)} times "
+                         f"key_cache's num_kv_heads={num_kv_heads} at query_length={query_length} for stage "
+                         f"{limits.stage}: group x query_length = {group * query_length} query rows per KV head, "
+                         f"past the kernel's {limits.max_rows} (the largest group for query_length "
+                         f"{query_length} is {limits.largest_group(query_length)})")
     span = (total_rows - 1) * query.stride(0) + (num_q_heads - 1) * query.stride(1) + head_dim
     if span * query.element_size() >= _OFFSET_LIMIT:
         raise ValueError("query: spans more bytes than the kernel's 32-bit byte offsets reach")
@@ -501,12 +576,30 @@ def describe(query, key_cache, value_cache, block_tables, context_lengths, key_s
         num_blocks=num_blocks, max_blocks=block_tables.shape[1], q_dtype=QUERY_DTYPES[query.dtype],
         k_layout=k_layout, v_layout=v_layout, per_token=per_token, softmax_scale=float(softmax_scale),
         sliding_window=sliding_window, sinks=sinks is not None, soft_cap=soft_cap, lse=return_lse,
+        ragged_rows=total_rows if query_start_loc is not None else None,
     )
     if check_values_now is None:
         check_values_now = device.type == "cpu"
     if check_values_now and context_lengths is not None:
-        check_values(problem, block_tables, context_lengths, key_scale, value_scale, query, sinks)
+        check_values(problem, block_tables, context_lengths, key_scale, value_scale, query, sinks,
+                     query_start_loc)
+    elif check_values_now and query_start_loc is not None:
+        check_query_starts(problem, query_start_loc)
     return problem
+
+
+def _check_query_start_meta(loc, num_seqs: int, device) -> None:
+    """``query_start_loc``'s metadata (no values: no host sync): int32 ``[num_seqs + 1]``,
+    contiguous, on the query's device."""
+    need_tensor(loc, "query_start_loc")
+    if loc.dtype != torch.int32:
+        raise TypeError(f"query_start_loc: expected int32, got {loc.dtype}")
+    if loc.device != device:
+        raise ValueError(f"query_start_loc: on {loc.device}, but query is on {device}")
+    if loc.dim() != 1 or loc.shape[0] != num_seqs + 1:
+        raise ValueError(f"query_start_loc: expected [{num_seqs + 1}] (num_seqs + 1), got {tuple(loc.shape)}")
+    if not loc.is_contiguous():
+        raise ValueError("query_start_loc: must be contiguous")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -530,7 +623,7 @@ def scale_tensors(problem: Problem, key_scale, value_scale):
 def output(problem: Problem, query, out, name: str = "out"):
     """``out`` checked against the problem (shape and dtype of ``query``, contiguous, same device),
     or a new tensor when ``out`` is None."""
-    shape = (problem.num_seqs * problem.query_length, problem.num_q_heads, problem.head_dim)
+    shape = (problem.total_rows, problem.num_q_heads, problem.head_dim)
     if out is None:
         return torch.empty(shape, dtype=query.dtype, device=query.device)
     need_tensor(out, name)

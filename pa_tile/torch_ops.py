@@ -27,7 +27,8 @@ SCHEMA = ("paged_decode(Tensor query, Tensor key_cache, Tensor value_cache, Tens
           "Tensor(b!)? workspace=None, float? softmax_scale=None, int sliding_window=0, "
           "int? query_length=None, int? num_partitions=None, int? m_tiles=None, str? arch=None, "
           "str? schedule=None, int? chunk_tiles=None, Tensor? sinks=None, "
-          "float? logits_soft_cap=None, Tensor(c!)? lse=None, bool batch_invariant=False) -> ()")
+          "float? logits_soft_cap=None, Tensor(c!)? lse=None, bool batch_invariant=False, "
+          "Tensor? query_start_loc=None) -> ()")
 
 
 def _impl(*args, **kwargs) -> None:

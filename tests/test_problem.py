@@ -100,13 +100,13 @@ WORKSPACE_BAD = [
     ("key_cache", ValueError, lambda c: dict(key_cache=torch.empty(4, 0, 8, 16, 16, dtype=c.k_cache.dtype))),
     ("query_length", ValueError, lambda c: dict(query_length=0)),
     ("query_length", ValueError, lambda c: dict(query_length=-1)),
-    ("query_length", ValueError, lambda c: dict(query_length=5)),
+    ("query_length", ValueError, lambda c: dict(query_length=9)),
     ("query_length", TypeError, lambda c: dict(query_length=2.5)),
     ("query", TypeError, lambda c: dict(query=c.query.float())),
     ("query", ValueError, lambda c: dict(query=torch.zeros(2, 8, 96, dtype=torch.float16))),
     ("query", ValueError, lambda c: dict(query=torch.zeros(2, 12, 128, dtype=torch.float16),
                                          key_cache=torch.zeros(7, 8, 8, 16, 16, dtype=c.k_cache.dtype))),
-    ("query", ValueError, lambda c: dict(query=torch.zeros(2, 40, 128, dtype=torch.float16))),  # group 40
+    ("query", ValueError, lambda c: dict(query=torch.zeros(2, 136, 128, dtype=torch.float16))),  # group 136
     ("key_cache", ValueError, lambda c: dict(key_cache=torch.zeros(7, 1, 8, 8, 16, dtype=c.k_cache.dtype))),
     ("block_tables", TypeError, lambda c: dict(block_tables=c.block_tables.long())),
     ("query", ValueError, lambda c: dict(query=torch.zeros(3, 8, 128, dtype=torch.float16))),  # 3 rows, 2 seqs
@@ -126,7 +126,7 @@ def test_make_workspace_validates_what_paged_decode_validates(name, exc, change)
 def test_make_workspace_and_paged_decode_agree_on_the_error():
     """The same bad query is refused with the same message by both."""
     case = _case()
-    q = torch.zeros(2, 40, 128, dtype=torch.float16)
+    q = torch.zeros(2, 136, 128, dtype=torch.float16)
     with pytest.raises(ValueError) as a:
         _ws(case, query=q)
     with pytest.raises(ValueError) as b:

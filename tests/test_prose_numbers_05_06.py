@@ -69,8 +69,9 @@ def test_chapter_is_well_under_the_word_limit(path):
 def test_05_states_the_limits_the_module_has():
     prose = _prose(CH05)
     lim = s5.LIMITS
-    assert lim.max_query_length == 4 and "`query_length` = 1..4" in prose
-    assert lim.max_group == 32 and "up to 32 query heads" in prose
+    assert lim.max_query_length == 8 and "`query_length` = 1..8" in prose
+    assert lim.max_group == 128 and "up to 128 query heads" in prose
+    assert lim.max_rows == 128 and "(`group · query_length` <= 128 rows)" in prose
     assert lim.max_m_tiles == 8 and "up to 8 (128 rows)" in prose and 8 * 16 == 128
     assert kernel_lib.MASKED == -1e30 and "`MASKED = −1e30`" in prose
 
