@@ -144,7 +144,10 @@ class WidePages(LanePages):
         ``page_id``)."""
         ids = []
         for sp in range_constexpr(WAVES):
-            idx = imin(tile * (TILE // self.bs) + sp * self.pps + self.v_j, self.last_page)
+            if const_expr(sp > 0 and self.span_page(sp) == self.span_page(sp - 1)):
+                ids.append(ids[-1])  # block 128: two spans, one page
+                continue
+            idx = imin(tile * (TILE // self.bs) + self.span_page(sp) + self.v_j, self.last_page)
             ids.append(buffer_load(self.bt_rs, (self.bt_row + idx) * 4, 1))
         return ids
 
@@ -159,7 +162,10 @@ class WidePages(LanePages):
         """The V words ``[span][slot][4]``, flat: slot ``s`` is d-chunk ``CPW·wave + s``."""
         out = []
         for sp in range_constexpr(WAVES):
-            voff = self.slab(ids[sp]) + self.v_lane
+            if const_expr(self.pps > 0):
+                voff = self.slab(ids[sp]) + self.v_lane
+            else:  # block 128: span sp starts span_start(sp) tokens into its page
+                voff = self.slab(ids[sp]) + (self.v_lane0 + self.v_tokens_at(self.span_start(sp)))
             for s in range_constexpr(self.cpw):
                 v = buffer_load(self.v_rs, voff, 4,
                                 soffset=(self.cpw * self.wave + s) * self.v_chunk)

@@ -40,7 +40,8 @@ __all__ = ["paged_decode", "paged_decode_partials", "build_launcher", "launch_ar
            "workgroup_work", "page_readers", "per_token_slots", "resident_loop"]
 
 #: what the stage-5 kernel supports (upstream's tile kernel takes head_dim 64, 128 and 256 too)
-LIMITS = problem.Limits(stage="s5", head_dims=(64, 128, 256), block_sizes=(16, 64), groups=None,
+LIMITS = problem.Limits(stage="s5", head_dims=(64, 128, 256), block_sizes=(16, 32, 64, 128),
+                        groups=None,
                         max_group=32, max_query_length=4,
                         query_dtypes=(torch.float16, torch.bfloat16), k_layouts=("blocked",),
                         v_layouts=("trans_blocked", "plain"), per_token_scales=True,
@@ -246,7 +247,12 @@ class LanePages(Pages):
                  grp, *, block_size, head_dim, trans_v):
         super().__init__(bt_rs, k_rs, v_rs, bt_row, last_page, kvh, num_kv_heads, wave, col, grp,
                          block_size=block_size, head_dim=head_dim, k_blocked=True, v_trans=trans_v)
-        self.s_tok = col if self.pps > 1 else lane
+        if self.bs in (16, 64):
+            self.s_tok = col if self.pps > 1 else lane
+        else:
+            # the lane's token of the span on page v_j: lane % 32 (block 32), or past the span's
+            # start in a page of two spans (block 128)
+            self.s_tok = lane % 32 if self.bs == 32 else lane + self.span_start()
 
     def scale(self, rs, page):
         return buffer_load(rs, ((page * self.num_kv_heads + self.kvh) * self.bs + self.s_tok) * 4,
@@ -317,7 +323,10 @@ class WidePages(LanePages):
         ``page_id``)."""
         ids = []
         for sp in range_constexpr(WAVES):
-            idx = imin(tile * (TILE // self.bs) + sp * self.pps + self.v_j, self.last_page)
+            if const_expr(sp > 0 and self.span_page(sp) == self.span_page(sp - 1)):
+                ids.append(ids[-1])  # block 128: two spans, one page
+                continue
+            idx = imin(tile * (TILE // self.bs) + self.span_page(sp) + self.v_j, self.last_page)
             ids.append(buffer_load(self.bt_rs, (self.bt_row + idx) * 4, 1))
         return ids
 
@@ -332,7 +341,10 @@ class WidePages(LanePages):
         """The V words ``[span][slot][4]``, flat: slot ``s`` is d-chunk ``CPW·wave + s``."""
         out = []
         for sp in range_constexpr(WAVES):
-            voff = self.slab(ids[sp]) + self.v_lane
+            if const_expr(self.pps > 0):
+                voff = self.slab(ids[sp]) + self.v_lane
+            else:  # block 128: span sp starts span_start(sp) tokens into its page
+                voff = self.slab(ids[sp]) + (self.v_lane0 + self.v_tokens_at(self.span_start(sp)))
             for s in range_constexpr(self.cpw):
                 v = buffer_load(self.v_rs, voff, 4,
                                 soffset=(self.cpw * self.wave + s) * self.v_chunk)
