@@ -303,8 +303,12 @@ def v_with_k(head_dim, block_size, per_token):
     latencies run side by side and a tile waits for memory once, or after the scores, in the
     registers K frees, waiting twice ("When to load V"). With K wherever the extra live V words
     keep the kernel within upstream's register and occupancy figures: all but head_dim 256 and
-    per-token scales on 64-token pages (``tests/test_stage5.py`` checks every configuration)."""
-    return head_dim <= 128 and not (per_token and block_size == 64)
+    per-token scales on 64-token pages (``tests/test_stage5.py`` checks every configuration). Pages
+    of 32 and 128 tokens (no upstream figures) follow 64's rule: with per-token scales V with K
+    costs a wave at head_dim 128, one query token, against upstream's block-64 figure
+    (``tests/test_block_sizes.py`` checks them against the tighter of upstream's block-16 and
+    block-64 figures)."""
+    return head_dim <= 128 and not (per_token and block_size >= 32)
 
 
 class WidePages(LanePages):
