@@ -7,7 +7,7 @@ within the fp8 bound (``pa_tile.reference.fp8_error_bound``).
 The correctness cover is upstream's test grid (batch 3, context 1027, query_length 1-4, group 8
 and 16, per-tensor and per-token scales, both V layouts) cut to a deterministic subset that hits
 every value of every axis on both archs and both new block sizes (``COVER``; the whole grid,
-128 calls, takes ~2.5 minutes here: ``PA_TILE_FULL_BLOCK_GRID=1`` runs it). Besides: a uniform
+128 calls, took 5.6 minutes here, all passing: ``PA_TILE_FULL_BLOCK_GRID=1`` runs it). Besides: a uniform
 split, a balanced split, a sliding window, head_dim 64 and 256, and ragged contexts whose ends fall
 in either half of a 128-token page. Also: traffic within 1.05x of the compulsory bytes, the new
 configurations' registers/occupancy/LDS against upstream's block-16 and block-64 figures, the
@@ -195,11 +195,12 @@ def _resources(arch, bs, hd, ql, g, per_token):
     return st, isa.occupancy(st, arch).waves_per_simd, text
 
 
-# head_dim 128 (the figures v_with_k was chosen by) and 64/256 at the widest and narrowest rows
-RESOURCE_KEYS = [(a, bs, 128, ql, g, pt) for a in ARCHS for bs in NEW for ql in (1, 4) for g in (8, 16)
-                 for pt in (False, True)]
-RESOURCE_KEYS += [(a, bs, hd, ql, 16 if ql == 4 else 8, True) for a in ARCHS for bs in NEW for hd in (64, 256)
-                  for ql in (1, 4)]
+# Per arch and block: head_dim 128 with per-token scales at one query token (where v_with_k's
+# choice decides a wave) and at the widest rows; head_dim 64 at 4 x 8 rows (where V after the
+# scores costs block 32 a wave on gfx942: 3, upstream's figure); head_dim 256. All 96 new
+# configurations were measured for the branch's report; these 16 pin them.
+RESOURCE_KEYS = [(a, bs, hd, ql, g, pt) for a in ARCHS for bs in NEW
+                 for hd, ql, g, pt in ((128, 1, 8, True), (128, 4, 16, True), (64, 4, 8, True), (256, 1, 16, False))]
 
 
 @pytest.mark.parametrize("key", RESOURCE_KEYS, ids=lambda k: "{}-bs{}-hd{}-ql{}-g{}-{}".format(
