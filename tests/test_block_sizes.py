@@ -158,6 +158,19 @@ def test_split_schedules_window_and_head_dims(cfg, device):
     _check(case, trans_v, device, arch, window, **options)
 
 
+@pytest.mark.parametrize("arch,bs,scales,trans_v", [("gfx950", 32, "per-token", True),
+                                                   ("gfx942", 128, "per-token", False)])
+def test_register_resident_loop(arch, bs, scales, trans_v, device, monkeypatch, request):
+    """The appendix's register-resident loop (off by default, ``WIDE_ABOVE``) reads its own span's
+    V through ``LanePages``, not the head_dim split's ``WidePages``: the new blocks there too."""
+    monkeypatch.setattr(s5, "WIDE_ABOVE", 8)
+    s5.build_launcher.cache_clear()  # no launcher of the default loop is reused here,
+    request.addfinalizer(s5.build_launcher.cache_clear)  # nor one of these after the test
+    case = _case(arch, bs, 128, 8, 2, scales, contexts=RAGGED, qdt=torch.float16)
+    assert not s5.Spec(arch, bs, 128, 8, 2, "f16", True, trans_v, 0, 1, None).WIDE
+    _check(case, trans_v, device, arch, num_partitions=1)
+
+
 # ---------------------------------------------------------------------------- traffic
 
 
