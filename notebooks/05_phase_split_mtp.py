@@ -140,8 +140,8 @@ __all__ = ["paged_decode", "paged_decode_partials", "build_launcher", "launch_ar
            "PAST_QUERY", "ragged_rows"]
 
 #: what the stage-5 kernel supports (upstream's tile kernel takes head_dim 64, 128 and 256 too)
-LIMITS = problem.Limits(stage="s5", head_dims=(64, 128, 256), block_sizes=(16, 64), groups=None,
-                        max_group=128, max_query_length=8,
+LIMITS = problem.Limits(stage="s5", head_dims=(64, 128, 256), block_sizes=(16, 32, 64, 128),
+                        groups=None, max_group=128, max_query_length=8,
                         query_dtypes=(torch.float16, torch.bfloat16), k_layouts=("blocked",),
                         v_layouts=("trans_blocked", "plain"), per_token_scales=True,
                         strided_query=True, sliding_window=True, max_partitions=64, max_m_tiles=8,
@@ -487,7 +487,12 @@ class LanePages(Pages):
                  grp, *, block_size, head_dim, trans_v):
         super().__init__(bt_rs, k_rs, v_rs, bt_row, last_page, kvh, num_kv_heads, wave, col, grp,
                          block_size=block_size, head_dim=head_dim, k_blocked=True, v_trans=trans_v)
-        self.s_tok = col if self.pps > 1 else lane
+        if self.bs in (16, 64):
+            self.s_tok = col if self.pps > 1 else lane
+        else:
+            # the lane's token of the span on page v_j: lane % 32 (block 32), or past the span's
+            # start in a page of two spans (block 128)
+            self.s_tok = lane % 32 if self.bs == 32 else lane + self.span_start()
 
     def scale(self, rs, page):
         return buffer_load(rs, ((page * self.num_kv_heads + self.kvh) * self.bs + self.s_tok) * 4,

@@ -115,8 +115,12 @@ def v_with_k(head_dim, block_size, per_token):
     latencies run side by side and a tile waits for memory once, or after the scores, in the
     registers K frees, waiting twice ("When to load V"). With K wherever the extra live V words
     keep the kernel within upstream's register and occupancy figures: all but head_dim 256 and
-    per-token scales on 64-token pages (``tests/test_stage5.py`` checks every configuration)."""
-    return head_dim <= 128 and not (per_token and block_size == 64)
+    per-token scales on 64-token pages (``tests/test_stage5.py`` checks every configuration). Pages
+    of 32 and 128 tokens (no upstream figures) follow 64's rule: with per-token scales V with K
+    costs a wave at head_dim 128, one query token, against upstream's block-64 figure
+    (``tests/test_block_sizes.py`` checks them against the tighter of upstream's block-16 and
+    block-64 figures)."""
+    return head_dim <= 128 and not (per_token and block_size >= 32)
 
 
 # %% [markdown]
@@ -144,7 +148,10 @@ class WidePages(LanePages):
         ``page_id``)."""
         ids = []
         for sp in range_constexpr(WAVES):
-            idx = imin(tile * (TILE // self.bs) + sp * self.pps + self.v_j, self.last_page)
+            if const_expr(sp > 0 and self.span_page(sp) == self.span_page(sp - 1)):
+                ids.append(ids[-1])  # block 128: two spans, one page
+                continue
+            idx = imin(tile * (TILE // self.bs) + self.span_page(sp) + self.v_j, self.last_page)
             ids.append(buffer_load(self.bt_rs, (self.bt_row + idx) * 4, 1))
         return ids
 
@@ -159,7 +166,10 @@ class WidePages(LanePages):
         """The V words ``[span][slot][4]``, flat: slot ``s`` is d-chunk ``CPW·wave + s``."""
         out = []
         for sp in range_constexpr(WAVES):
-            voff = self.slab(ids[sp]) + self.v_lane
+            if const_expr(self.pps > 0):
+                voff = self.slab(ids[sp]) + self.v_lane
+            else:  # block 128: span sp starts span_start(sp) tokens into its page
+                voff = self.slab(ids[sp]) + (self.v_lane0 + self.v_tokens_at(self.span_start(sp)))
             for s in range_constexpr(self.cpw):
                 v = buffer_load(self.v_rs, voff, 4,
                                 soffset=(self.cpw * self.wave + s) * self.v_chunk)

@@ -215,46 +215,94 @@ class Pages:
     """Where this lane's K and V bytes are: page ids of a tile, and the K and V words a lane loads
     from a page of one (sequence, KV head).
 
-    Wave ``wave`` owns tokens ``64·wave ..`` of every 256-token tile: 4 pages (block 16) or one
-    (block 64). Lane ``(col, grp)`` loads, for token chunk ``a``, 16 bytes of the K row of
-    wave-token ``16·(col // 4) + 4a + col % 4`` at channels ``16·(grp + 4h)``, and for each
-    d-chunk ``j`` the 16 V bytes of channel ``16j + col``, tokens ``16·grp ..`` (chapter 2).
-    ``k_blocked``: K pages ``[head_dim//16, block, 16]`` instead of ``[block, head_dim]``;
-    ``v_trans``: V pages ``[block//16, head_dim, 16]`` instead of ``[head_dim, block]`` (chapter 4).
+    Wave ``wave`` owns tokens ``64·wave ..`` of every 256-token tile: 4 pages (block 16), 2 (block
+    32), one (block 64) or half of one (block 128: the span starts ``64·(wave % 2)`` tokens into
+    page ``2·tile + wave // 2``). Lane ``(col, grp)`` loads, for token chunk ``a``, 16 bytes of
+    the K row of wave-token ``16·(col // 4) + 4a + col % 4`` at channels ``16·(grp + 4h)``, and
+    for each d-chunk ``j`` the 16 V bytes of channel ``16j + col``, tokens ``16·grp ..``
+    (chapter 2). ``k_blocked``: K pages ``[head_dim//16, block, 16]`` instead of ``[block,
+    head_dim]``; ``v_trans``: V pages ``[block//16, head_dim, 16]`` instead of ``[head_dim, block]``
+    (chapter 4).
     """
 
     def __init__(self, bt_rs, k_rs, v_rs, bt_row, last_page, kvh, num_kv_heads, wave, col, grp, *,
                  block_size, head_dim=HEAD_DIM, k_blocked=False, v_trans=False):
+        if block_size not in (16, 32, 64, 128):
+            raise ValueError(f"block_size: expected 16, 32, 64 or 128, got {block_size}")
         self.bt_rs, self.k_rs, self.v_rs = bt_rs, k_rs, v_rs
         self.bt_row, self.last_page = bt_row, last_page
         self.kvh, self.num_kv_heads = kvh, num_kv_heads
         self.wave, self.col, self.grp = wave, col, grp
         self.bs, self.nh, self.nch = block_size, head_dim // 64, head_dim // 16
-        self.pps = SPAN // block_size  # pages per wave span: 4 (block 16) or 1 (block 64)
+        # pages per wave span: 4, 2, 1 (block 16, 32, 64); block 128 holds two spans a page (0)
+        self.pps = SPAN // block_size
         self.page_bytes = block_size * head_dim
+        self.v_trans, self.head_dim = v_trans, head_dim
         bs = block_size
         # bytes between the K rows of consecutive slots, and between 16-channel chunks of a row
         self.k_row, self.k_chunk = (16, bs * 16) if k_blocked else (head_dim, 16)
-        # the lane's first K slot on its page
-        slot = col % 4 if self.pps > 1 else (col // 4) * 16 + col % 4
-        self.k_lane = slot * self.k_row + grp * self.k_chunk
-        if self.pps > 1:
-            # page grp of the span (trans-blocked and plain agree for block 16)
-            self.v_lane = col * 16
-        else:
-            self.v_lane = grp * (head_dim * 16) + col * 16 if v_trans else col * bs + grp * 16
         v_chunk = 16 * (16 if v_trans or bs == 16 else bs)  # bytes between d-chunks of a V page
+        if bs in (16, 64):
+            # the lane's first K slot on its page
+            slot = col % 4 if self.pps > 1 else (col // 4) * 16 + col % 4
+            self.k_lane = slot * self.k_row + grp * self.k_chunk
+            if self.pps > 1:
+                # page grp of the span (trans-blocked and plain agree for block 16)
+                self.v_lane = col * 16
+            else:
+                self.v_lane = grp * (head_dim * 16) + col * 16 if v_trans else col * bs + grp * 16
+            self.k_j = col // 4 if self.pps > 1 else 0  # which page of the span holds the K, V
+            self.v_j = grp if self.pps > 1 else 0
+        else:
+            self._pages_32_128(col, grp)
         cpw = self.nch // WAVES
         # register slot j holds d-chunk (j + cpw·wave) mod nch: the merge then moves fixed slots
         self.chunk_off = [((j + cpw * wave) % self.nch) * v_chunk
                           for j in range_constexpr(self.nch)]
-        self.k_j = col // 4 if self.pps > 1 else 0  # which page of the span holds the lane's K, V
-        self.v_j = grp if self.pps > 1 else 0
+
+    def v_tokens_at(self, t):
+        """Byte offset, in a V page, of the 16 tokens ``t ..`` (``t`` a multiple of 16) of
+        channel 0: a 16-token group of the trans-blocked page, or a row stretch of the plain
+        one."""
+        return (t // 16) * (self.head_dim * 16) if self.v_trans else t
+
+    def _pages_32_128(self, col, grp):
+        """``k_lane``, ``v_lane``, ``k_j``, ``v_j`` of blocks 32 and 128 (16 and 64 keep chapter
+        2's expressions, so their machine code is unchanged). The lane's K tokens ``16·(col //
+        4) + col % 4 + 4a`` and V tokens ``16·grp ..`` of its span fall on page ``tok // bs`` of
+        the span, at ``tok % bs``; with block 128 the span itself starts ``span_start`` tokens
+        into the page."""
+        bs = self.bs
+        v_ch = 16 if self.v_trans else bs  # bytes between the V rows of consecutive channels
+        if bs == 32:
+            k_slot = ((col // 4) % 2) * 16 + col % 4
+            v_tok = (grp % 2) * 16
+            self.k_j, self.v_j = col // 8, grp // 2
+        else:
+            k_slot = (col // 4) * 16 + col % 4 + self.span_start()
+            v_tok = grp * 16 + self.span_start()
+            self.k_j = self.v_j = 0
+        self.k_lane = k_slot * self.k_row + grp * self.k_chunk
+        self.v_lane = self.v_tokens_at(v_tok) + col * v_ch
+        # block 128: the lane's V offset in a span that starts on the page (the head_dim split
+        # adds each span's start itself)
+        self.v_lane0 = self.v_tokens_at(grp * 16) + col * v_ch if bs == 128 else self.v_lane
+
+    def span_start(self, sp=None):
+        """Block 128: the first token, in its page, of span ``sp`` (default: this wave's); 0 for
+        the smaller blocks, whose spans start on a page."""
+        if self.pps > 0:
+            return 0
+        return ((self.wave if sp is None else sp) % 2) * SPAN
+
+    def span_page(self, sp):
+        """Index in the tile of the first page of span ``sp``."""
+        return sp * self.pps if self.pps > 0 else sp // (self.bs // SPAN)
 
     def page_id(self, tile, j):
         """Page id of page ``j`` of this wave's span in ``tile``, clamped to the sequence's last
         page: past the context a wave re-reads that page (its tokens are masked later)."""
-        idx = imin(tile * (TILE // self.bs) + self.wave * self.pps + j, self.last_page)
+        idx = imin(tile * (TILE // self.bs) + self.span_page(self.wave) + j, self.last_page)
         return buffer_load(self.bt_rs, (self.bt_row + idx) * 4, 1)
 
     def slab(self, page):

@@ -43,8 +43,8 @@ __all__ = ["paged_decode", "paged_decode_partials", "build_launcher", "launch_ar
            "PAST_QUERY", "ragged_rows"]
 
 #: what the stage-5 kernel supports (upstream's tile kernel takes head_dim 64, 128 and 256 too)
-LIMITS = problem.Limits(stage="s5", head_dims=(64, 128, 256), block_sizes=(16, 64), groups=None,
-                        max_group=128, max_query_length=8,
+LIMITS = problem.Limits(stage="s5", head_dims=(64, 128, 256), block_sizes=(16, 32, 64, 128),
+                        groups=None, max_group=128, max_query_length=8,
                         query_dtypes=(torch.float16, torch.bfloat16), k_layouts=("blocked",),
                         v_layouts=("trans_blocked", "plain"), per_token_scales=True,
                         strided_query=True, sliding_window=True, max_partitions=64, max_m_tiles=8,
@@ -258,7 +258,12 @@ class LanePages(Pages):
                  grp, *, block_size, head_dim, trans_v):
         super().__init__(bt_rs, k_rs, v_rs, bt_row, last_page, kvh, num_kv_heads, wave, col, grp,
                          block_size=block_size, head_dim=head_dim, k_blocked=True, v_trans=trans_v)
-        self.s_tok = col if self.pps > 1 else lane
+        if self.bs in (16, 64):
+            self.s_tok = col if self.pps > 1 else lane
+        else:
+            # the lane's token of the span on page v_j: lane % 32 (block 32), or past the span's
+            # start in a page of two spans (block 128)
+            self.s_tok = lane % 32 if self.bs == 32 else lane + self.span_start()
 
     def scale(self, rs, page):
         return buffer_load(rs, ((page * self.num_kv_heads + self.kvh) * self.bs + self.s_tok) * 4,
@@ -337,8 +342,12 @@ def v_with_k(head_dim, block_size, per_token):
     latencies run side by side and a tile waits for memory once, or after the scores, in the
     registers K frees, waiting twice ("When to load V"). With K wherever the extra live V words
     keep the kernel within upstream's register and occupancy figures: all but head_dim 256 and
-    per-token scales on 64-token pages (``tests/test_stage5.py`` checks every configuration)."""
-    return head_dim <= 128 and not (per_token and block_size == 64)
+    per-token scales on 64-token pages (``tests/test_stage5.py`` checks every configuration). Pages
+    of 32 and 128 tokens (no upstream figures) follow 64's rule: with per-token scales V with K
+    costs a wave at head_dim 128, one query token, against upstream's block-64 figure
+    (``tests/test_block_sizes.py`` checks them against the tighter of upstream's block-16 and
+    block-64 figures)."""
+    return head_dim <= 128 and not (per_token and block_size >= 32)
 
 
 class WidePages(LanePages):
@@ -357,7 +366,10 @@ class WidePages(LanePages):
         ``page_id``)."""
         ids = []
         for sp in range_constexpr(WAVES):
-            idx = imin(tile * (TILE // self.bs) + sp * self.pps + self.v_j, self.last_page)
+            if const_expr(sp > 0 and self.span_page(sp) == self.span_page(sp - 1)):
+                ids.append(ids[-1])  # block 128: two spans, one page
+                continue
+            idx = imin(tile * (TILE // self.bs) + self.span_page(sp) + self.v_j, self.last_page)
             ids.append(buffer_load(self.bt_rs, (self.bt_row + idx) * 4, 1))
         return ids
 
@@ -372,7 +384,10 @@ class WidePages(LanePages):
         """The V words ``[span][slot][4]``, flat: slot ``s`` is d-chunk ``CPW·wave + s``."""
         out = []
         for sp in range_constexpr(WAVES):
-            voff = self.slab(ids[sp]) + self.v_lane
+            if const_expr(self.pps > 0):
+                voff = self.slab(ids[sp]) + self.v_lane
+            else:  # block 128: span sp starts span_start(sp) tokens into its page
+                voff = self.slab(ids[sp]) + (self.v_lane0 + self.v_tokens_at(self.span_start(sp)))
             for s in range_constexpr(self.cpw):
                 v = buffer_load(self.v_rs, voff, 4,
                                 soffset=(self.cpw * self.wave + s) * self.v_chunk)
