@@ -277,6 +277,20 @@ def _find_loops(instrs: List[_Instr], labels: Dict[str, int]) -> List[Loop]:
     return loops
 
 
+def instruction_fingerprint(text: str) -> str:
+    """sha256 (16 hex digits) of every kernel's instructions in an assembly text (``compile_isa``'s,
+    kernels in launch order), mnemonics and operands only: metadata such as the kernel-argument
+    block's size is left out, so an unused trailing argument does not change it."""
+    import hashlib
+
+    parts = []
+    for mod in _modules(text):
+        for name in mod.kernel_names():
+            instrs, _ = mod.code(name)
+            parts.append(name + "\n" + "\n".join(f"{i.mnemonic} {i.operands}" for i in instrs))
+    return hashlib.sha256("\n\n".join(parts).encode()).hexdigest()[:16]
+
+
 def kernel_names(text: str) -> List[str]:
     """Names of the kernels in an assembly text, in order of appearance."""
     return [n for mod in _modules(text) for n in mod.kernel_names()]
