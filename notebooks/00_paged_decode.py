@@ -47,14 +47,14 @@ dev = backend.device_for_tensors()  # where launches read their tensors
 # %% [markdown]
 # ## What decode computes
 #
-# Each generation step adds `query_length` new tokens per sequence: 1 for plain decode, 2-4
-# for speculative decode ("MTP"). Each new query attends to every earlier token's key and
+# Each generation step adds `query_length` new tokens per sequence: 1 for plain decode, up to 8
+# for speculative decode ("MTP"; chapter 08 lets each sequence have its own count). Each new query attends to every earlier token's key and
 # value, kept in the **KV cache**:
 #
 # $$o_{h} = \sum_{t \le \mathrm{pos}} \mathrm{softmax}_t\!\left(\tfrac{q_h\cdot k_{t}}{\sqrt{d}}\right) v_{t}$$
 #
 # * **Paging** (vLLM's PagedAttention). The cache is a pool of pages of `block_size` tokens
-#   (16 or 64). Row `s` of the **block table** lists sequence `s`'s pages. Token `t` lives in
+#   (16 to 128). Row `s` of the **block table** lists sequence `s`'s pages. Token `t` lives in
 #   page `block_tables[s, t // block_size]`, slot `t % block_size`. Pages are scattered.
 # * **GQA.** A *query group* of `num_q_heads // num_kv_heads` heads (8 or 16 here) shares one
 #   K/V head. The kernel loads each K/V byte once for the whole group.

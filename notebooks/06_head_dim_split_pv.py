@@ -422,7 +422,7 @@ def write_rows(c, o, mx, total, row, seq, kvh, part, wave, grp, num_kv_heads, o_
         if const_expr(lse2 is not None):  # the row's log-sum-exp (chapter 08), natural log
             if wave == 0:
                 if grp == 0:
-                    out_row = (seq * c.QL + qi) * (num_kv_heads * c.G) + kvh * c.G + g
+                    out_row = (row_base(c, seq) + qi) * (num_kv_heads * c.G) + kvh * c.G + g
                     buffer_store(fx.Float32(lse2 * (1.0 / LOG2E)).bitcast(fx.Int32), mx_rs,
                                  out_row * 4)
 

@@ -1056,8 +1056,9 @@ for bad, fix in ((dict(block_tables=case.block_tables.long()), "int64 block tabl
 # ## Does it work? The full feature matrix
 #
 # Every option of the finished kernel, on the emulated gfx942 and gfx950 code, against the float32
-# reference: block 16/64, head_dim 64/128 (256: see below), query_length 1–4, groups 1–32, per-tensor
-# and per-token scales, f16/bf16, trans-blocked and plain V, a sliding window, a strided query, and
+# reference: block 16/32/64/128, head_dim 64/128 (256: see below), query_length 1–8, groups 1–128
+# (at most 128 rows), per-tensor and per-token scales, f16/bf16, trans-blocked and plain V, a
+# sliding window, a strided query, and
 # the split chosen by default (`P`: the timing model's table) or forced. The contexts are the ragged set (1, 17, 256, 1027;
 # raised to `query_length`) with shuffled pages and `-1` in unused block-table entries; with
 # 1027 tokens (5 tiles) a split of 3 leaves the 17-token sequence two empty partitions and the
@@ -1095,6 +1096,8 @@ MATRIX = [
     (64, 64, 4, 4, "per-tensor", torch.bfloat16, True, 300, False, 5),
     (16, 128, 5, 2, "per-tensor", torch.float16, False, 100, True, 2),
     (64, 64, 1, 1, "per-tensor", torch.float16, True, 0, False, 1),
+    (32, 128, 48, 1, "per-token", torch.bfloat16, True, 0, False, None),
+    (128, 64, 8, 8, "per-tensor", torch.float16, False, 200, False, 2),
 ]
 rows = []
 for arch in backend.runnable_archs():

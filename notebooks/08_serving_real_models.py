@@ -20,7 +20,8 @@
 #   is attended once for a whole batch and merged with each sequence's own suffix
 # * how fixed chunks make a sequence's output bits independent of the batch it sits in, and what
 #   that costs
-# * why each option costs nothing when it is off: a compile-time specialization
+# * the shapes engines hand a kernel: per-sequence draft counts (speculative decoding), pages of
+#   16 to 128 tokens, up to 128 query heads per KV head; and why each option costs nothing off
 #
 # **You need** chapter 07 (the finished kernel, its split-K partials and the reduce) and the
 # online softmax of FlashAttention (running max, rescaled sum).
@@ -355,6 +356,67 @@ else:
     print("the measured bytes and the model's prediction need the emulator (PA_TILE_BACKEND=emu)")
 
 # %% [markdown]
+# ## Serving shapes: speculative decoding, page sizes, wide groups
+#
+# A speculative decoder's verify step hands each sequence its own number of draft tokens (EAGLE,
+# MTP): some accepted many drafts, some none. `query_start_loc` (int32 `[num_seqs + 1]`, vLLM's
+# name; FlashInfer's `qo_indptr`) packs them: sequence `s` owns query rows
+# `loc[s] .. loc[s+1]`, the last `q_s` positions of its context, causally masked. The kernel is
+# specialized for a bound on `q_s` (`query_length`, at most 8), never reads `loc` on the host,
+# and a sequence's rows share one walk over its K and V whatever their count.
+#
+# The check needs no new reference: a uniform case with 8 queries per sequence holds every
+# possible draft, and sequence `s`'s `q_s` rows are the last `q_s` of its 8.
+
+# %% tags=["nbval-ignore-output"]
+counts = [1, 5, 0, 8, 3, 1]  # drafts per sequence: 0 skips a sequence
+spec = cache.make_case(6, **GPT_OSS, block_size=16, context_lengths=[300, 900, 50, 1200, 600, 128],
+                       query_length=8, fp8_format=fp8_format(ARCH_A), scales="per-token", seed=11,
+                       pad_block_id=-1)
+keep = torch.cat([torch.arange(8 - n, 8) + 8 * s for s, n in enumerate(counts)])
+loc = torch.tensor([0] + [sum(counts[:s + 1]) for s in range(6)], dtype=torch.int32, device=DEV)
+out = pa_tile.paged_decode(spec.query[keep.to(DEV)], spec.k_blocked(), spec.v_trans_blocked(),
+                           spec.block_tables, spec.context_lengths, spec.k_scale, spec.v_scale,
+                           query_start_loc=loc, query_length=8, arch=ARCH_A)
+ref, bound = spec.error_bound(out_dtype=out.dtype)
+spec_ok, spec_worst = pa_tile.reference.within_bound(out, ref[keep], bound[keep])
+print(f"{len(keep)} query rows of {len(counts)} sequences (drafts {counts}): within the fp8 bound "
+      f"{spec_ok}, worst error / bound {spec_worst:.2f}")
+assert spec_ok
+
+# %% [markdown]
+# Page sizes: serving engines pick them for their own reasons (hybrid attention/state-space models
+# force large pages). The kernel takes pages of 16, 32, 64 and 128 tokens with the same 16-byte
+# loads; only which lane reads which page changes. Side by side on the gpt-oss shape, per-token
+# scales, compiled for `ARCH_A` and run:
+
+# %% tags=["nbval-ignore-output"]
+from pa_tile import isa, toolchain  # noqa: E402
+
+rows = []
+for bs in (16, 32, 64, 128):
+    pc = cache.make_case(2, **GPT_OSS, block_size=bs, context_lengths=[1027, 300],
+                         fp8_format=fp8_format(ARCH_A), scales="per-token", seed=3,
+                         pad_block_id=-1)
+    pargs = (pc.query, pc.k_blocked(), pc.v_trans_blocked(), pc.block_tables, pc.context_lengths,
+             pc.k_scale, pc.v_scale)
+    fn, largs, _ = s6.launch_args(*[a.cpu() for a in pargs], arch=ARCH_A, num_partitions=1)
+    st = isa.IsaStats.from_asm(toolchain.compile_isa(fn, *largs, arch=ARCH_A))
+    ok, worst, _ = pc.check(pa_tile.paged_decode(*pargs, arch=ARCH_A))
+    rows.append(dict(block=bs, vgpr=st.vgpr_unified, waves=isa.occupancy(st, ARCH_A).waves_per_simd,
+                     x4=st.count("buffer_load_dwordx4"), ok=ok, worst=f"{worst:.2f}"))
+print(format_table(rows, headers=dict(vgpr="VGPRs", waves="waves/SIMD", x4="16-byte loads (static)",
+                                      ok="within fp8 bound", worst="worst error / bound")))
+pages_ok = all(r["ok"] for r in rows)
+assert pages_ok
+
+# %% [markdown]
+# Wide groups: a KV head may serve up to 128 query heads, as long as `group × query_length` rows
+# fit the workgroup's eight M-tiles (128 rows); K and V are still read once per KV head. That is
+# what multi-query models need (Falcon-7B's config.json: 71 query heads on one KV head), and it is
+# what the shared prefix above used: three sequences' rows as 24 heads of one KV head.
+
+# %% [markdown]
 # ## What you built
 #
 # ```text
@@ -372,6 +434,8 @@ else:
 #     if LSE: lse = lse2 / log2(e)
 #   reduce (split): merge partitions into (M, W, acc), then the same sink and LSE steps
 # merge_states(out_a, lse_a, out_b, lse_b): exact for disjoint keys, sink in one part only
+# query_start_loc: rows loc[s]..loc[s+1] of sequence s, one K/V walk for all of them
+# pages of 16/32/64/128 tokens; up to 128 query rows (group x query_length) per KV head
 # ```
 
 # %% tags=["nbval-ignore-output"]
@@ -380,4 +444,5 @@ show.measured({"gpt-oss layers (sinks, window 128 / full): worst error / fp8 bou
                "Gemma 2 layers (soft-cap 50, window 4096 / global): worst error / fp8 bound":
                f"{gem_worst:.2f}",
                "shared prefix merged by LSE: worst error / fp8 bound": f"{cascade_worst:.2f}",
-               "batch_invariant: same bits alone and in other batches": str(invariant_equal)})
+               "batch_invariant: same bits alone and in other batches": str(invariant_equal),
+               "speculative batch (drafts 0-8): worst error / fp8 bound": f"{spec_worst:.2f}"})

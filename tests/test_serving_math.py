@@ -388,3 +388,24 @@ def test_batch_invariant_with_its_own_workspace_allocates_nothing_more():
     assert got is out and torch.equal(out, pa_tile.paged_decode(*args, arch="gfx950", batch_invariant=True))
     with pytest.raises(ValueError, match="workspace"):
         pa_tile.paged_decode(*args, arch="gfx950", batch_invariant=True, workspace=ws[:8])
+
+
+@pytest.mark.parametrize("parts,schedule", [(1, None), (2, "balanced")])
+def test_the_serving_math_on_ragged_query_rows(parts, schedule):
+    """Sinks, soft-cap and LSE with per-sequence draft counts (0 to 4 here, bound 4): the rows of a
+    uniform 4-query case that each sequence keeps, against attention written here."""
+    arch, counts = "gfx950", [2, 0, 4, 1]
+    case = _case(arch, 4, "per-token", contexts=[1027, 300, 520, 17])
+    keep = torch.cat([torch.arange(4 - n, 4) + 4 * s for s, n in enumerate(counts)])
+    loc = torch.tensor([0, 2, 2, 6, 7], dtype=torch.int32)
+    q, *rest = _args(case)
+    out, lse = pa_tile.paged_decode(q[keep], *rest, arch=arch, query_start_loc=loc, query_length=4,
+                                    num_partitions=parts, schedule=schedule, sinks=SINKS,
+                                    logits_soft_cap=CAP, return_lse=True)
+    want_out, want_lse = attend(case, sinks=SINKS, cap=CAP)
+    ref, bound = case.error_bound(out_dtype=out.dtype, sinks=SINKS, logits_soft_cap=CAP)
+    ok, worst = pa_tile.reference.within_bound(out, ref[keep], bound[keep])
+    assert ok, f"output {worst:.3f}x its fp8 bound"
+    torch.testing.assert_close(ref[keep], want_out[keep], rtol=2e-3, atol=1e-3)
+    err = (lse - want_lse[keep]).abs()
+    assert (err <= lse_tolerance(case)[keep] + 1e-5 * (1 + want_lse[keep].abs())).all()
