@@ -8,7 +8,6 @@ compiles under ``torch.compile(fullgraph=True)`` and passes ``opcheck``; traffic
 1.05x of compulsory on a ragged batch."""
 
 import dataclasses
-import math
 
 import pytest
 import torch
@@ -17,6 +16,8 @@ import pa_tile
 from pa_tile import backend, cache, launching, toolchain
 from pa_tile.reference import fp8_error_bound, paged_attention_reference, within_bound
 from pa_tile.stages import s6_split_k as s6
+
+from attention_by_hand import attend
 
 ARCHS = ("gfx942", "gfx950")
 FMT = {"gfx942": "fnuz", "gfx950": "ocp"}
@@ -44,42 +45,10 @@ def _args(case, query):
             case.k_scale, case.v_scale)
 
 
-def independent_reference(query, case, loc, sliding_window=0):
-    """Ragged paged attention in float32, one sequence and query row at a time: query i of
-    sequence s sits at ``ctx_s - q_s + i`` and sees tokens ``(pos - W, pos]`` (W = 0: all up to
-    pos); K and V decoded from the fp8 pages the block table names, times their scales."""
-    kc, vc = case.k_cache.to(torch.float32), case.v_cache.to(torch.float32)
-    nb, kvh, bs, d = kc.shape
-    per_token = case.k_scale.numel() > 1
-    group = query.shape[1] // kvh
-    out = torch.zeros(query.shape, dtype=torch.float32)
-    starts = loc.tolist()
-    for s, n in enumerate(case.context_lengths.tolist()):
-        a, b = starts[s], starts[s + 1]
-        if a == b:
-            continue
-        pages = case.block_tables[s, : -(-n // bs)].long()
-        k = kc[pages].permute(1, 0, 2, 3).reshape(kvh, -1, d)[:, :n]
-        v = vc[pages].permute(1, 0, 2, 3).reshape(kvh, -1, d)[:, :n]
-        if per_token:
-            k = k * case.k_scale[pages].permute(1, 0, 2).reshape(kvh, -1)[:, :n, None]
-            v = v * case.v_scale[pages].permute(1, 0, 2).reshape(kvh, -1)[:, :n, None]
-        else:
-            k, v = k * float(case.k_scale), v * float(case.v_scale)
-        for i in range(b - a):
-            pos = n - (b - a) + i
-            lo = max(0, pos - sliding_window + 1) if sliding_window else 0
-            for h in range(kvh):
-                q = query[a + i, h * group:(h + 1) * group].to(torch.float32)
-                p = torch.softmax(q @ k[h, lo:pos + 1].T / math.sqrt(d), dim=-1)
-                out[a + i, h * group:(h + 1) * group] = p @ v[h, lo:pos + 1]
-    return out
-
-
 def check_ragged(out, case, query, loc, sliding_window=0):
     """``out`` within the fp8 bound of the independent reference, row by row of each sequence (the
     bound of each sequence as a uniform call of its own query count)."""
-    mine = independent_reference(query, case, loc, sliding_window)
+    mine = attend(case, sliding_window, query=query, loc=loc)[0]
     theirs = paged_attention_reference(query.float(), case.k_cache, case.v_cache, case.block_tables,
                                        case.context_lengths, case.k_scale, case.v_scale, query_start_loc=loc,
                                        sliding_window=sliding_window)

@@ -1,7 +1,7 @@
 """The serving math in the kernels (chapter 08): attention sinks, the logit soft-cap, the
-log-sum-exp out, batch invariance. Each against attention written here in float32, one sequence
-and query row at a time from the logical caches (not ``pa_tile.reference``, which it is also
-checked against), on gfx942 and gfx950 in the emulator; off, the machine code is unchanged."""
+log-sum-exp out, batch invariance. Each against attention written out in float32, one sequence
+and query row at a time from the logical caches (``tests/attention_by_hand.py``, not
+``pa_tile.reference``, which it is also checked against), on gfx942 and gfx950 in the emulator; off, the machine code is unchanged."""
 
 import math
 
@@ -12,6 +12,8 @@ import pa_tile
 from pa_tile import backend, cache
 from pa_tile.stages import s5_phase_split_mtp as s5
 from pa_tile.stages import s6_split_k as s6
+
+from attention_by_hand import attend, tokens
 
 ARCHS = ("gfx942", "gfx950")
 FMT = {"gfx942": "fnuz", "gfx950": "ocp"}
@@ -28,42 +30,6 @@ def _args(case):
             case.k_scale, case.v_scale)
 
 
-def _tokens(case, x_cache, scale, s, n):
-    """Sequence ``s``'s first ``n`` tokens of a logical cache, dequantized: [kvh, n, d]."""
-    bs = case.block_size
-    pages = case.block_tables[s, : -(-n // bs)].long()
-    x = x_cache[pages].float()  # [pages, kvh, bs, d]
-    if scale.numel() > 1:
-        x = x * scale[pages][..., None]
-    else:
-        x = x * scale.reshape(())
-    return x.permute(1, 0, 2, 3).reshape(x.shape[1], -1, x.shape[-1])[:, :n]
-
-
-def attend(case, window=0, sinks=None, cap=None, softmax_scale=None):
-    """float32 ``(out, lse)``: each query row of each sequence over its own keys, written out."""
-    scale = softmax_scale or 1.0 / math.sqrt(case.head_dim)
-    ql, G = case.query_length, case.num_q_heads // case.num_kv_heads
-    out, lse = torch.zeros(case.query.shape), torch.zeros(case.query.shape[:2])
-    for s, n in enumerate(case.context_lengths.tolist()):
-        k = _tokens(case, case.k_cache, case.k_scale, s, n)
-        v = _tokens(case, case.v_cache, case.v_scale, s, n)
-        for i in range(ql):
-            row, pos = s * ql + i, n - ql + i
-            lo = 0 if window == 0 else max(0, pos - window + 1)
-            q = case.query[row].float().reshape(case.num_kv_heads, G, -1)
-            logits = torch.einsum("hgd,htd->hgt", q, k[:, lo:pos + 1]) * scale
-            if cap is not None:
-                logits = cap * torch.tanh(logits / cap)
-            full = logits if sinks is None else torch.cat(
-                [logits, sinks.reshape(case.num_kv_heads, G, 1)], -1)
-            den = torch.logsumexp(full, -1)  # the sink is in the denominator, and V gains nothing
-            p = torch.exp(logits - den[..., None])
-            out[row] = torch.einsum("hgt,htd->hgd", p, v[:, lo:pos + 1]).reshape(case.num_q_heads, -1)
-            lse[row] = den.reshape(-1)
-    return out, lse
-
-
 def lse_tolerance(case, window=0, cap=None):
     """How far the kernel's LSE may be from the exact one, from fp8 arithmetic: the kernel scores
     a query quantized to e4m3 per row (each element off by at most half an ulp, 2^-4 relative, or
@@ -75,7 +41,7 @@ def lse_tolerance(case, window=0, cap=None):
     ql, G = case.query_length, case.num_q_heads // case.num_kv_heads
     tol = torch.zeros(case.query.shape[:2])
     for s, n in enumerate(case.context_lengths.tolist()):
-        k = _tokens(case, case.k_cache, case.k_scale, s, n).abs()
+        k = tokens(case, case.k_cache, case.k_scale, s, n).abs()
         for i in range(ql):
             row = s * ql + i
             q = case.query[row].float().abs()

@@ -4,7 +4,6 @@ an independent float32 reference written here (and ``pa_tile.reference``'s), wit
 ``pa_tile.reference.fp8_error_bound``, on gfx942 and gfx950, split and unsplit; past the rows a
 named ValueError gives the largest group for the query length."""
 
-import math
 
 import pytest
 import torch
@@ -13,6 +12,8 @@ import pa_tile
 from pa_tile import cache, problem
 from pa_tile.stages import s5_phase_split_mtp as s5
 from pa_tile.stages import s6_split_k as s6
+
+from attention_by_hand import attend
 
 FMT = {"gfx942": "fnuz", "gfx950": "ocp"}
 
@@ -27,37 +28,9 @@ def _args(case):
             case.k_scale, case.v_scale)
 
 
-def independent_reference(case, sliding_window=0):
-    """Paged MTP attention in float32, one sequence, query row and KV head at a time: row
-    ``s*ql + i`` sits at ``ctx_s - ql + i`` and sees tokens ``(pos - W, pos]``."""
-    kc, vc = case.k_cache.to(torch.float32), case.v_cache.to(torch.float32)
-    nb, kvh, bs, d = kc.shape
-    ql, query = case.query_length, case.query
-    group = query.shape[1] // kvh
-    per_token = case.k_scale.numel() > 1
-    out = torch.zeros(query.shape, dtype=torch.float32)
-    for s, n in enumerate(case.context_lengths.tolist()):
-        pages = case.block_tables[s, : -(-n // bs)].long()
-        k = kc[pages].permute(1, 0, 2, 3).reshape(kvh, -1, d)[:, :n]
-        v = vc[pages].permute(1, 0, 2, 3).reshape(kvh, -1, d)[:, :n]
-        if per_token:
-            k = k * case.k_scale[pages].permute(1, 0, 2).reshape(kvh, -1)[:, :n, None]
-            v = v * case.v_scale[pages].permute(1, 0, 2).reshape(kvh, -1)[:, :n, None]
-        else:
-            k, v = k * float(case.k_scale), v * float(case.v_scale)
-        for i in range(ql):
-            pos = n - ql + i
-            lo = max(0, pos - sliding_window + 1) if sliding_window else 0
-            for h in range(kvh):
-                q = query[s * ql + i, h * group:(h + 1) * group].to(torch.float32)
-                p = torch.softmax(q @ k[h, lo:pos + 1].T / math.sqrt(d), dim=-1)
-                out[s * ql + i, h * group:(h + 1) * group] = p @ v[h, lo:pos + 1]
-    return out
-
-
 def _check(out, case, sliding_window=0):
     ref, bound = case.error_bound(out_dtype=out.dtype, sliding_window=sliding_window)
-    mine = independent_reference(case, sliding_window)
+    mine = attend(case, sliding_window)[0]
     torch.testing.assert_close(mine, ref, atol=1e-5, rtol=1e-5)  # the two references agree
     ok, worst = pa_tile.reference.within_bound(out, mine, bound)
     assert ok, f"{worst:.3f}x the fp8 bound"
