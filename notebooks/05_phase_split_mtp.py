@@ -286,13 +286,17 @@ def _stage_rows(c, shared, row, m, q_rs, seq, kvh, q_stride_row, q_stride_head, 
 # %% tags=["export"]
 def score_factors(c, shared, lane, scale_log2, k_scale):
     """Each M-tile's factor from raw scores to log2 units: its query scale times the K scale (per
-    tensor; per token the K scale is applied token by token) times ``softmax_scale·log2 e``."""
+    tensor; per token the K scale is applied token by token) times ``softmax_scale·log2 e``.
+    Returns ``(c_qk, c_cap)``: with a soft-cap (chapter 08) the factors go to the cap
+    (``c_cap``), whose scores come out in log2 units, and ``c_qk`` is 1; else ``c_cap`` is None."""
     c_qk = []
     for m in range_constexpr(c.MT):
         q_scale = _staged_q_scale(shared, m, lane, c.Q_SCALES)
         c_qk.append(q_scale * scale_log2 if const_expr(c.per_token)
                     else q_scale * k_scale * scale_log2)
-    return c_qk
+    if const_expr(c.CAP > 0):
+        return [fx.Float32(1.0)] * c.MT, c_qk
+    return c_qk, None
 
 
 def lane_scales(sc_lds, base, grp, q):
@@ -552,6 +556,11 @@ class Spec:
         return c
 
 
+# %% [markdown]
+# Where a sequence's rows start in `query` and `out`: at `seq · query_length`, or, with ragged
+# query rows (chapter 08), wherever `query_start_loc` says.
+
+# %% tags=["export"]
 def row_base(c, seq):
     """The ``query``/``out`` row of sequence ``seq``'s first query: ``seq·QL`` (uniform) or the
     workgroup's ``Q0`` (ragged)."""

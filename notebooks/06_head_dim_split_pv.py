@@ -585,6 +585,11 @@ def make_kernel(c):
     return pa_decode_s5_ragged if c.RAGGED else pa_decode_s5
 
 
+# %% [markdown]
+# Both kernel signatures share one body: a workgroup's work and buffers, the first page ids, the
+# query staged and its score factors, the loop, the row sums, and the output.
+
+# %% tags=["export"]
 def decode_workgroup(c, Shared, out, pmax, psum, pout, query, key_cache, value_cache, block_tables,
                      context_lengths, work_list, key_scale, value_scale, num_kv_heads, max_blocks,
                      q_stride_row, q_stride_head, scale_log2, sinks, query_start_loc=None):
@@ -608,10 +613,7 @@ def decode_workgroup(c, Shared, out, pmax, psum, pout, query, key_cache, value_c
                                           num_kv_heads, wave, lane, col, grp, t_start)
     stage_query(c, shared, rows, q_rs, seq, kvh, q_stride_row, q_stride_head, wave, lane, grp,
                 live)
-    c_qk = score_factors(c, shared, lane, scale_log2, k_scale)
-    c_cap = None
-    if const_expr(c.CAP > 0):  # capped scores are in log2 units already (chapter 08)
-        c_cap, c_qk = c_qk, [fx.Float32(1.0)] * c.MT
+    c_qk, c_cap = score_factors(c, shared, lane, scale_log2, k_scale)
     # causal bound of each row: query qi sits at ctx - QN + qi and sees tokens <= it
     hi1 = [ctx - (c.QN - 1) + rows[m][1] for m in range_constexpr(c.MT)]
     k = types.SimpleNamespace(shared=shared, lane=lane, col=col, wave=wave, grp=grp, seq=seq,

@@ -114,7 +114,8 @@ __all__ = ["paged_decode", "launch_args", "build_reduce", "combine_torch", "choo
            "PARTIAL_BYTES_BUDGET", "DEFAULT_SCHEDULE", "SCHEDULES", "chunk_floor",
            "choose_schedule", "work_entries", "work_list", "work_list_buffers",
            "reduce_geometry", "load_partition_group", "merge_partition_group",
-           "combine_partitions", "tabled_split", "build_ragged_reduce"]
+           "combine_partitions", "write_combined", "uniform_reduce", "listed_reduce",
+           "tabled_split", "build_ragged_reduce", "listed_ragged_reduce", "tiles_to_walk"]
 
 # %% [markdown]
 # Its constants, each explained in the section that uses it.
@@ -291,11 +292,9 @@ def merge_partition_group(st, maxes, sums, outs, ninf, zero):
 def combine_partitions(c, out, pmax, psum, pout, num_kv_heads, z0, z1, first, stride, sinks,
                        lse, query_start_loc=None):
     """Merge partitions ``z0(seq) .. z1(seq)`` of this thread's row, whose stats sit at float
-    ``first(seq, kvh) + z·stride``, and write its 4 channels (``c``: ``reduce_geometry``; with
-    ``c.SINKS`` the row's sink joins the denominator, with ``c.LSE`` its log-sum-exp goes to
-    ``lse``: chapter 08). With ``query_start_loc`` (ragged rows) sequence ``seq`` owns ``out``
-    rows ``loc[seq] .. loc[seq+1]``; a row past them (padding) loads no partial and writes
-    nothing."""
+    ``first(seq, kvh) + z·stride``, and write its 4 channels (``c``: ``reduce_geometry``). With
+    ``query_start_loc`` (ragged rows) sequence ``seq`` owns ``out`` rows ``loc[seq] ..
+    loc[seq+1]``; a row past them (padding) loads no partial and writes nothing."""
     tid = fx.Int32(gpu.thread_id("x"))
     seq = fx.Int32(gpu.block_id("x"))
     kvh = fx.Int32(gpu.block_id("y"))
@@ -307,10 +306,12 @@ def combine_partitions(c, out, pmax, psum, pout, num_kv_heads, z0, z1, first, st
     ninf = fx.Float32(float("-inf"))
     zero = fx.Float32(0.0)
     lo, hi = z0(seq), z1(seq)
+    ragged = None
     if const_expr(query_start_loc is not None):
         q0 = scalar_load(query_start_loc, seq)
         live_rows = (scalar_load(query_start_loc, seq + 1) - q0) * c.G
         hi = fx.Int32(select(r < live_rows, hi, lo))  # a padding row merges no partition
+        ragged = (q0, live_rows)
     init = [ninf, zero, fx.Vector.filled(4, 0.0, fx.Float32)]
     for gi, st in range(0, (hi - lo + (REDUCE_GROUP - 1)) // REDUCE_GROUP, 1, init=init):
         zb = lo + fx.Int32(gi) * REDUCE_GROUP
@@ -318,6 +319,20 @@ def combine_partitions(c, out, pmax, psum, pout, num_kv_heads, z0, z1, first, st
                                                  d0)
         m_new, den, acc = merge_partition_group(st, maxes, sums, outs, ninf, zero)
         res = yield [m_new, den, acc]
+    write_combined(c, res, o_rs, sinks, lse, seq, kvh, r, rc, d0, num_kv_heads, ragged)
+
+
+# %% [markdown]
+# Then `out = Σ w·o / Σ w`, 0 for a row no partition saw, stored as the query's dtype. Chapter
+# 08's options join here when on: the sink's share of the denominator and the row's LSE.
+
+# %% tags=["export"]
+@device_code
+def write_combined(c, res, o_rs, sinks, lse, seq, kvh, r, rc, d0, num_kv_heads, ragged=None):
+    """The row's merged state ``res`` = ``[M, Σw, Σw·o]`` to its 4 channels of ``out`` (with the
+    sink's share taken out if ``c.SINKS``) and, if ``c.LSE``, its log-sum-exp to ``lse``;
+    ``ragged``: ``(first out row, live rows)`` of the sequence's ragged rows."""
+    zero = fx.Float32(0.0)
     den = fx.Float32(res[1])
     inv = fx.Float32(select(den > 0.0, rcp(den), zero))
     qi = rc // c.G
@@ -332,8 +347,8 @@ def combine_partitions(c, out, pmax, psum, pout, num_kv_heads, z0, z1, first, st
             inv = inv * g
     o = fx.Vector(res[2]) * splat4(inv)
     live, base = c.ROWS, seq * c.QL
-    if const_expr(query_start_loc is not None):
-        live, base = live_rows, q0
+    if const_expr(ragged is not None):
+        base, live = ragged
     if r < live:
         orow = (base + qi) * (num_kv_heads * c.G) + kvh * c.G + (rc - qi * c.G)
         buffer_store(o.to(c.QDT).bitcast(fx.Int32), o_rs, (orow * c.HD + d0) * 2)
@@ -343,39 +358,34 @@ def combine_partitions(c, out, pmax, psum, pout, num_kv_heads, z0, z1, first, st
                              orow * 4)
 
 
+# %% [markdown]
+# The launchers: one per (head_dim, group, query_length, dtype) and layout of the partials, the
+# uniform split's `[S, kvh, NP, rows]` or the work list's `[entries, kvh, rows]`.
+
+# %% tags=["export"]
 @functools.lru_cache(maxsize=None)
 def build_reduce(head_dim, group, query_length, q_dtype="f16", balanced=False, sinks=False,
                  lse=False, ragged=False):
     """The ``@flyc.jit`` flash-combine ``launch(out, pmax, psum, pout, num_seqs, num_kv_heads,
-    num_partitions, sinks, lse)`` for one (head_dim, group, query_length, query dtype): partials ``pmax``/
-    ``psum`` [S, kvh, NP, rows], ``pout`` [S, kvh, NP, rows, head_dim] (float32) -> ``out``
-    [S·query_length, kvh·group, head_dim] (f16/bf16) = ``Σ w·o / Σ w``, ``w = ℓ·exp(m - max m)``
-    (live partitions; 0 where ℓ = 0, ``out`` 0 if Σ w = 0). ``balanced``: a work list's partials
-    [entries, kvh, rows(, head_dim)], ``launch(out, pmax, psum, pout, offsets, num_seqs,
-    num_kv_heads, sinks, lse)``: sequence s merges entries ``offsets[s] .. offsets[s+1]``.
-    ``sinks``/``lse`` (chapter 08): read/written only when their flag is set (else any tensor).
-    ``ragged``: the rows of ``query_start_loc`` (``build_ragged_reduce``)."""
+    num_partitions, sinks, lse)`` for one (head_dim, group, query_length, query dtype):
+    partials ``pmax``/``psum`` [S, kvh, NP, rows], ``pout`` [S, kvh, NP, rows, head_dim]
+    (float32) -> ``out`` [S·query_length, kvh·group, head_dim] (f16/bf16) = ``Σ w·o / Σ w``,
+    ``w = ℓ·exp(m - max m)`` (live partitions; 0 where ℓ = 0, ``out`` 0 if Σ w = 0).
+    ``balanced``: a work list's partials [entries, kvh, rows(, head_dim)], ``launch(out, pmax,
+    psum, pout, offsets, num_seqs, num_kv_heads, sinks, lse)``: sequence s merges entries
+    ``offsets[s] .. offsets[s+1]``. ``sinks``/``lse`` (chapter 08): read/written only when their
+    flag is set (else any tensor). ``ragged``: the rows of ``query_start_loc``, a last argument
+    (``build_ragged_reduce``)."""
     c = reduce_geometry(head_dim, group, query_length, q_dtype, sinks, lse)
-    ROWS, GRID_Z = c.ROWS, c.GRID_Z
     if ragged:
         return build_ragged_reduce(c, balanced)
-    if balanced:
-        @flyc.kernel(known_block_size=(REDUCE_THREADS, 1, 1))
-        def pa_reduce_s6_listed(out: fx.Tensor, pmax: fx.Tensor, psum: fx.Tensor, pout: fx.Tensor,
-                                offsets: fx.Tensor, num_kv_heads: fx.Int32, sinks: fx.Tensor,
-                                lse: fx.Tensor):
-            combine_partitions(c, out, pmax, psum, pout, num_kv_heads,
-                               lambda seq: scalar_load(offsets, seq),
-                               lambda seq: scalar_load(offsets, seq + 1),
-                               lambda seq, kvh: kvh * ROWS, num_kv_heads * ROWS, sinks, lse)
+    return listed_reduce(c) if balanced else uniform_reduce(c)
 
-        @flyc.jit
-        def launch_listed(out: fx.Tensor, pmax: fx.Tensor, psum: fx.Tensor, pout: fx.Tensor,
-                          offsets: fx.Tensor, num_seqs: fx.Int32, num_kv_heads: fx.Int32,
-                          sinks: fx.Tensor, lse: fx.Tensor, stream: fx.Stream = fx.Stream(None)):
-            pa_reduce_s6_listed(out, pmax, psum, pout, offsets, num_kv_heads, sinks, lse).launch(
-                grid=(num_seqs, num_kv_heads, GRID_Z), block=(REDUCE_THREADS, 1, 1), stream=stream)
-        return launch_listed
+
+# %% tags=["export"]
+def uniform_reduce(c):
+    """``build_reduce``'s launcher for a uniform split's partials."""
+    ROWS, GRID_Z = c.ROWS, c.GRID_Z
 
     @flyc.kernel(known_block_size=(REDUCE_THREADS, 1, 1))
     def pa_reduce_s6(out: fx.Tensor, pmax: fx.Tensor, psum: fx.Tensor, pout: fx.Tensor,
@@ -397,32 +407,42 @@ def build_reduce(head_dim, group, query_length, q_dtype="f16", balanced=False, s
     return launch
 
 
+# %% tags=["export"]
+def listed_reduce(c):
+    """``build_reduce``'s launcher for a work list's partials (sequence s: ``offsets[s] ..
+    offsets[s+1]``)."""
+    ROWS, GRID_Z = c.ROWS, c.GRID_Z
+
+    @flyc.kernel(known_block_size=(REDUCE_THREADS, 1, 1))
+    def pa_reduce_s6_listed(out: fx.Tensor, pmax: fx.Tensor, psum: fx.Tensor, pout: fx.Tensor,
+                            offsets: fx.Tensor, num_kv_heads: fx.Int32, sinks: fx.Tensor,
+                            lse: fx.Tensor):
+        combine_partitions(c, out, pmax, psum, pout, num_kv_heads,
+                           lambda seq: scalar_load(offsets, seq),
+                           lambda seq: scalar_load(offsets, seq + 1),
+                           lambda seq, kvh: kvh * ROWS, num_kv_heads * ROWS, sinks, lse)
+
+    @flyc.jit
+    def launch_listed(out: fx.Tensor, pmax: fx.Tensor, psum: fx.Tensor, pout: fx.Tensor,
+                      offsets: fx.Tensor, num_seqs: fx.Int32, num_kv_heads: fx.Int32,
+                      sinks: fx.Tensor, lse: fx.Tensor, stream: fx.Stream = fx.Stream(None)):
+        pa_reduce_s6_listed(out, pmax, psum, pout, offsets, num_kv_heads, sinks, lse).launch(
+            grid=(num_seqs, num_kv_heads, GRID_Z), block=(REDUCE_THREADS, 1, 1), stream=stream)
+
+    return launch_listed
+
+
+# %% [markdown]
+# Ragged query rows (chapter 08) are a specialization of their own: the same launches with
+# `query_start_loc` last, so the uniform reduce's code does not change.
+
+# %% tags=["export"]
 def build_ragged_reduce(c, balanced):
-    """``build_reduce`` for ragged query rows: the same launches with ``query_start_loc`` last,
-    after the sinks and lse places (sequence s writes ``out`` rows ``loc[s] .. loc[s+1]``, ``c.QL`` is their bound), a
-    specialization of its own so the uniform reduce's code does not change."""
+    """``build_reduce`` for ragged query rows: sequence s writes ``out`` rows ``loc[s] ..
+    loc[s+1]`` (``c.QL`` is their bound); ``query_start_loc`` after the sinks and lse places."""
     ROWS, GRID_Z = c.ROWS, c.GRID_Z
     if balanced:
-        @flyc.kernel(known_block_size=(REDUCE_THREADS, 1, 1))
-        def pa_reduce_s6_listed_ragged(out: fx.Tensor, pmax: fx.Tensor, psum: fx.Tensor,
-                                       pout: fx.Tensor, offsets: fx.Tensor, num_kv_heads: fx.Int32,
-                                       sinks: fx.Tensor, lse: fx.Tensor,
-                                       query_start_loc: fx.Tensor):
-            combine_partitions(c, out, pmax, psum, pout, num_kv_heads,
-                               lambda seq: scalar_load(offsets, seq),
-                               lambda seq: scalar_load(offsets, seq + 1),
-                               lambda seq, kvh: kvh * ROWS, num_kv_heads * ROWS, sinks, lse,
-                               query_start_loc)
-
-        @flyc.jit
-        def launch_listed(out: fx.Tensor, pmax: fx.Tensor, psum: fx.Tensor, pout: fx.Tensor,
-                          offsets: fx.Tensor, num_seqs: fx.Int32, num_kv_heads: fx.Int32,
-                          sinks: fx.Tensor, lse: fx.Tensor, query_start_loc: fx.Tensor,
-                          stream: fx.Stream = fx.Stream(None)):
-            pa_reduce_s6_listed_ragged(out, pmax, psum, pout, offsets, num_kv_heads, sinks, lse,
-                                       query_start_loc).launch(
-                grid=(num_seqs, num_kv_heads, GRID_Z), block=(REDUCE_THREADS, 1, 1), stream=stream)
-        return launch_listed
+        return listed_ragged_reduce(c)
 
     @flyc.kernel(known_block_size=(REDUCE_THREADS, 1, 1))
     def pa_reduce_s6_ragged(out: fx.Tensor, pmax: fx.Tensor, psum: fx.Tensor, pout: fx.Tensor,
@@ -443,6 +463,33 @@ def build_ragged_reduce(c, balanced):
             grid=(num_seqs, num_kv_heads, GRID_Z), block=(REDUCE_THREADS, 1, 1), stream=stream)
 
     return launch
+
+
+# %% tags=["export"]
+def listed_ragged_reduce(c):
+    """``build_ragged_reduce`` for a work list's partials."""
+    ROWS, GRID_Z = c.ROWS, c.GRID_Z
+
+    @flyc.kernel(known_block_size=(REDUCE_THREADS, 1, 1))
+    def pa_reduce_s6_listed_ragged(out: fx.Tensor, pmax: fx.Tensor, psum: fx.Tensor,
+                                   pout: fx.Tensor, offsets: fx.Tensor, num_kv_heads: fx.Int32,
+                                   sinks: fx.Tensor, lse: fx.Tensor, query_start_loc: fx.Tensor):
+        combine_partitions(c, out, pmax, psum, pout, num_kv_heads,
+                           lambda seq: scalar_load(offsets, seq),
+                           lambda seq: scalar_load(offsets, seq + 1),
+                           lambda seq, kvh: kvh * ROWS, num_kv_heads * ROWS, sinks, lse,
+                           query_start_loc)
+
+    @flyc.jit
+    def launch_listed(out: fx.Tensor, pmax: fx.Tensor, psum: fx.Tensor, pout: fx.Tensor,
+                      offsets: fx.Tensor, num_seqs: fx.Int32, num_kv_heads: fx.Int32,
+                      sinks: fx.Tensor, lse: fx.Tensor, query_start_loc: fx.Tensor,
+                      stream: fx.Stream = fx.Stream(None)):
+        pa_reduce_s6_listed_ragged(out, pmax, psum, pout, offsets, num_kv_heads, sinks, lse,
+                                   query_start_loc).launch(
+            grid=(num_seqs, num_kv_heads, GRID_Z), block=(REDUCE_THREADS, 1, 1), stream=stream)
+
+    return launch_listed
 
 # %% [markdown]
 # The reduce on its own, on synthetic partials with the corner cases planted (gfx942 and gfx950,
@@ -828,6 +875,30 @@ def work_list_buffers(num_seqs, num_partitions, device):
              offsets=torch.zeros(num_seqs + 1, dtype=torch.int32, device=device))
     return b
 
+# %% tags=["export"]
+def tiles_to_walk(b, context_lengths, query_length, sliding_window, query_start_loc=None):
+    """Per sequence, into the work list's buffers ``b``: its 256-token ``tiles``, the ``first``
+    one a sliding window lets any row see, and the ``units`` between (0 for a ragged sequence
+    without queries: the kernel would load nothing)."""
+    S = context_lengths.shape[0]
+    tiles, first, units = b["tiles"], b["first"], b["units"]
+    torch.add(context_lengths, TILE - 1, out=tiles).floor_divide_(TILE)
+    if query_start_loc is not None:
+        qn = torch.sub(query_start_loc.narrow(0, 1, S), query_start_loc.narrow(0, 0, S),
+                       out=b["qlens"])
+    if sliding_window > 0 and query_start_loc is not None:  # the sequence's own rows' windows
+        torch.sub(context_lengths, qn, out=first).add_(1 - sliding_window).clamp_min_(
+            0).floor_divide_(TILE)
+    elif sliding_window > 0:  # as the kernel's tile_range: tiles wholly before every row's window
+        torch.sub(context_lengths, query_length - 1 + sliding_window,
+                  out=first).clamp_min_(0).floor_divide_(TILE)
+    else:
+        first.zero_()
+    torch.sub(tiles, first, out=units).clamp_min_(0)
+    if query_start_loc is not None:
+        units.mul_(torch.clamp(qn, 0, 1, out=b["has_rows"]))
+
+
 # %% [markdown]
 # The list itself, in torch ops that write into those buffers: tiles per sequence (less those a
 # sliding window skips), the chunk size, chunks per sequence and their running sum (the
@@ -852,27 +923,13 @@ def work_list(context_lengths, num_partitions, min_tiles, *, query_length=1, sli
     tiles, first, units, chunks, ends, per = (b[k] for k in ("tiles", "first", "units", "chunks",
                                                              "ends", "per"))
     seq, t0, t1, g, x = (b[k] for k in ("seq", "t0", "t1", "gathered", "x"))
-    torch.add(context_lengths, TILE - 1, out=tiles).floor_divide_(TILE)
-    if query_start_loc is not None:
-        qn = torch.sub(query_start_loc.narrow(0, 1, S), query_start_loc.narrow(0, 0, S),
-                       out=b["qlens"])
-    if sliding_window > 0 and query_start_loc is not None:  # the sequence's own rows' windows
-        torch.sub(context_lengths, qn, out=first).add_(1 - sliding_window).clamp_min_(
-            0).floor_divide_(TILE)
-    elif sliding_window > 0:  # as the kernel's tile_range: tiles wholly before every row's window
-        torch.sub(context_lengths, query_length - 1 + sliding_window,
-                  out=first).clamp_min_(0).floor_divide_(TILE)
-    else:
-        first.zero_()
-    torch.sub(tiles, first, out=units).clamp_min_(0)
-    if query_start_loc is not None:  # no queries, no chunk (the kernel would load nothing)
-        units.mul_(torch.clamp(qn, 0, 1, out=b["has_rows"]))
+    tiles_to_walk(b, context_lengths, query_length, sliding_window, query_start_loc)
     target = S * num_partitions
     if fixed_chunks:
         per.fill_(min_tiles)
     else:
-        torch.sum(units, 0, keepdim=True, out=per).add_(target
-                                                        - 1).floor_divide_(target).clamp_min_(min_tiles)
+        torch.sum(units, 0, keepdim=True, out=per).add_(target - 1).floor_divide_(
+            target).clamp_min_(min_tiles)
     torch.add(units, per, out=chunks).sub_(1).floor_divide_(per)
     torch.cumsum(chunks, 0, out=ends)
     torch.searchsorted(ends, x, right=True, out=seq).clamp_max_(S - 1)

@@ -133,13 +133,17 @@ def _stage_rows(c, shared, row, m, q_rs, seq, kvh, q_stride_row, q_stride_head, 
 
 def score_factors(c, shared, lane, scale_log2, k_scale):
     """Each M-tile's factor from raw scores to log2 units: its query scale times the K scale (per
-    tensor; per token the K scale is applied token by token) times ``softmax_scale·log2 e``."""
+    tensor; per token the K scale is applied token by token) times ``softmax_scale·log2 e``.
+    Returns ``(c_qk, c_cap)``: with a soft-cap (chapter 08) the factors go to the cap
+    (``c_cap``), whose scores come out in log2 units, and ``c_qk`` is 1; else ``c_cap`` is None."""
     c_qk = []
     for m in range_constexpr(c.MT):
         q_scale = _staged_q_scale(shared, m, lane, c.Q_SCALES)
         c_qk.append(q_scale * scale_log2 if const_expr(c.per_token)
                     else q_scale * k_scale * scale_log2)
-    return c_qk
+    if const_expr(c.CAP > 0):
+        return [fx.Float32(1.0)] * c.MT, c_qk
+    return c_qk, None
 
 
 def lane_scales(sc_lds, base, grp, q):
@@ -748,10 +752,7 @@ def decode_workgroup(c, Shared, out, pmax, psum, pout, query, key_cache, value_c
                                           num_kv_heads, wave, lane, col, grp, t_start)
     stage_query(c, shared, rows, q_rs, seq, kvh, q_stride_row, q_stride_head, wave, lane, grp,
                 live)
-    c_qk = score_factors(c, shared, lane, scale_log2, k_scale)
-    c_cap = None
-    if const_expr(c.CAP > 0):  # capped scores are in log2 units already (chapter 08)
-        c_cap, c_qk = c_qk, [fx.Float32(1.0)] * c.MT
+    c_qk, c_cap = score_factors(c, shared, lane, scale_log2, k_scale)
     # causal bound of each row: query qi sits at ctx - QN + qi and sees tokens <= it
     hi1 = [ctx - (c.QN - 1) + rows[m][1] for m in range_constexpr(c.MT)]
     k = types.SimpleNamespace(shared=shared, lane=lane, col=col, wave=wave, grp=grp, seq=seq,
