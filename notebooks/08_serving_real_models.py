@@ -215,7 +215,8 @@ print(format_table(rows, headers=dict(within_bound="out within fp8 bound",
 gem_worst = max(w for _, w in outs.values())
 assert all(r["within_bound"] for r in rows) and all(float(r["vs_uncapped"]) > 1 for r in rows)
 moved = int((outs[4096][0][0] != outs[0][0][0]).sum())
-print(f"the window changes {moved} of the 4500-token sequence's {outs[0][0][0].numel()} outputs")
+print(f"the window changes {moved} of the {outs[0][0][0].numel()} output elements of the "
+      f"4500-token sequence")
 
 # %% [markdown]
 # The last column checks the same output against attention *without* the cap: if the cap did
