@@ -420,6 +420,7 @@ def paged_decode(query, key_cache, value_cache, block_tables, context_lengths, k
     * ``batch_invariant``: a sequence's output is bitwise the same whatever batch it sits in and
       wherever: its keys are split into fixed chunks of ``s6.chunk_floor`` tiles (a balanced work
       list whose chunk size does not depend on the batch) and always merged by the reduce.
+
     ``query_start_loc`` (int32 [num_seqs + 1], on the query's device; vLLM's name): ragged query
     rows. Sequence ``s`` has ``q_s = loc[s+1] - loc[s]`` queries, rows ``loc[s] .. loc[s+1]`` of
     ``query`` (``[loc[-1], num_q_heads, head_dim]``) and of ``out``, the last ``q_s`` positions of its

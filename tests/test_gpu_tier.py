@@ -233,7 +233,7 @@ def test_op_is_registered_with_the_api_argument_names():
     names = [a.name for a in schema.arguments]
     assert names[:7] == ["query", "key_cache", "value_cache", "block_tables", "context_lengths", "key_scale",
                          "value_scale"]
-    assert [a.name for a in schema.arguments if a.alias_info and a.alias_info.is_write] == ["out", "workspace"]
+    assert [a.name for a in schema.arguments if a.alias_info and a.alias_info.is_write] == ["out", "workspace", "lse"]
 
 
 def test_opcheck():
