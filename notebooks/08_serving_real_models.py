@@ -88,8 +88,8 @@ plt.show()
 # %% [markdown]
 # Each option is a compile-time constant of the kernel (`Spec.CAP`, `SINKS`, `LSE`; the reduce's
 # `SINKS`, `LSE`). Off, none of its code is traced, and the instruction streams are the ones
-# compiled before the options existed: `tests/test_serving_math.py` holds them to recorded hashes
-# on both archs, split and unsplit.
+# compiled before the options existed: `tests/test_machine_code_unchanged.py` holds them to
+# recorded fingerprints on both archs, split and unsplit.
 #
 # ## The soft-cap
 #
