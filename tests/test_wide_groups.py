@@ -85,3 +85,20 @@ def test_query_length_nine_is_refused():
     case = _case("gfx942", 2, 9, ctx=(20,))
     with pytest.raises(ValueError, match=r"^query_length: must be in \[1, 8\], got 9"):
         pa_tile.paged_decode(*_args(case), arch="gfx942")
+
+
+@pytest.mark.parametrize("group,ql", [(71, 1), (128, 1), (16, 8)])
+def test_wide_rows_read_kv_once(group, ql):
+    """The new row counts (up to 128 a KV head: eight M-tiles in one workgroup) still load every K
+    and V byte once: within 1.05x the compulsory bytes, on upstream's grid shape, default plan."""
+    from pa_tile import backend
+    from pa_tile.perf import tracing
+    from pa_tile.perf.roofline import DecodeShape
+
+    if backend.current_backend() != "emu":
+        pytest.skip("the trace exists only in the emulator")
+    sh = DecodeShape(batch=3, context=1027, num_q_heads=group, num_kv_heads=1, head_dim=128, block_size=16,
+                     query_length=ql)
+    rep = tracing.trace_stage("s6", sh, "gfx942")
+    tr = rep.traffic()
+    assert rep.check.ok and tr["loaded_bytes"] >= tr["visible_bytes"] * 0.999 and tr["vs_compulsory"] <= 1.05, tr
