@@ -3,7 +3,8 @@
 
 Each is a compile-time option of the kernels (``pa_tile.stages.s5_phase_split_mtp.Spec`` and
 ``s6_split_k.build_reduce``): off, none of this is traced and the machine code is what it was
-without them (``tests/test_serving_math.py`` holds the instruction streams to recorded hashes).
+without them (``tests/test_machine_code_unchanged.py`` holds the instruction streams to
+fingerprints recorded before they existed).
 
 Units: the kernels keep scores in log2 units (``x2 = x·log2 e``: the softmax runs on ``exp2``,
 v_exp_f32); the arguments here follow them and say so.
