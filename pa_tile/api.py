@@ -67,19 +67,21 @@ def _split(p: problem.Problem, num_partitions, schedule, chunk_tiles, batch_inva
         problem.int_option(chunk_tiles, "chunk_tiles", 1, 1 << 20)
     if not isinstance(batch_invariant, bool):
         raise TypeError(f"batch_invariant: expected a bool, got {type(batch_invariant).__name__}")
-    floor = s6.chunk_floor(p.head_dim, p.group, p.query_length, block_size=p.block_size, per_token=p.per_token)
+    def floor():  # the traffic cap's chunk, only where a choice needs it
+        return s6.chunk_floor(p.head_dim, p.group, p.query_length, block_size=p.block_size, per_token=p.per_token)
+
     if batch_invariant:
         if num_partitions is not None:
             raise ValueError("num_partitions: batch_invariant=True splits every sequence into chunks of chunk_tiles "
                              "tiles; leave num_partitions None")
         if schedule not in (None, "balanced"):
             raise ValueError(f"schedule: batch_invariant=True uses the balanced schedule's work list, got {schedule!r}")
-        per = floor if chunk_tiles is None else chunk_tiles
+        per = floor() if chunk_tiles is None else chunk_tiles
         tiles = -(-p.max_context // s6.TILE)
         return -(-tiles // per), "balanced", per
     parts = _partitions(p, num_partitions)
     if chunk_tiles is None:
-        chunk_tiles = floor if num_partitions is None else 1
+        chunk_tiles = floor() if num_partitions is None else 1
     return parts, s6.choose_schedule(parts, schedule), chunk_tiles
 
 

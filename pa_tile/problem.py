@@ -431,16 +431,7 @@ def serving_options(sinks, logits_soft_cap, return_lse, num_q_heads: int, device
 def lse_output(problem: Problem, query, lse):
     """The log-sum-exp buffer: ``lse`` checked (contiguous float32 ``[query rows, num_q_heads]`` on
     the query's device), or a new one when None."""
-    shape = (query.shape[0], problem.num_q_heads)
-    if lse is None:
-        return torch.empty(shape, dtype=torch.float32, device=query.device)
-    need_tensor(lse, "lse")
-    if lse.dtype != torch.float32 or tuple(lse.shape) != shape or not lse.is_contiguous():
-        raise ValueError(f"lse: expected a contiguous float32 {shape} (query rows, num_q_heads), got "
-                         f"{lse.dtype} {tuple(lse.shape)}")
-    if lse.device != query.device:
-        raise ValueError(f"lse: on {lse.device}, but query is on {query.device}")
-    return lse
+    return _output_buffer(lse, "lse", torch.float32, (query.shape[0], problem.num_q_heads), query.device)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -624,13 +615,19 @@ def output(problem: Problem, query, out, name: str = "out"):
     """``out`` checked against the problem (shape and dtype of ``query``, contiguous, same device),
     or a new tensor when ``out`` is None."""
     shape = (problem.total_rows, problem.num_q_heads, problem.head_dim)
-    if out is None:
-        return torch.empty(shape, dtype=query.dtype, device=query.device)
-    need_tensor(out, name)
-    if out.dtype != query.dtype or tuple(out.shape) != shape:
-        raise ValueError(f"{name}: expected {query.dtype} {shape}, got {out.dtype} {tuple(out.shape)}")
-    if not out.is_contiguous():
+    return _output_buffer(out, name, query.dtype, shape, query.device)
+
+
+def _output_buffer(x, name: str, dtype, shape, device):
+    """An output buffer ``x``: a contiguous ``dtype`` tensor of ``shape`` on ``device`` (named
+    errors otherwise), or a new one when ``x`` is None."""
+    if x is None:
+        return torch.empty(shape, dtype=dtype, device=device)
+    need_tensor(x, name)
+    if x.dtype != dtype or tuple(x.shape) != shape:
+        raise ValueError(f"{name}: expected {dtype} {shape}, got {x.dtype} {tuple(x.shape)}")
+    if not x.is_contiguous():
         raise ValueError(f"{name}: must be contiguous")
-    if out.device != query.device:
-        raise ValueError(f"{name}: on {out.device}, but query is on {query.device}")
-    return out
+    if x.device != device:
+        raise ValueError(f"{name}: on {x.device}, but query is on {device}")
+    return x

@@ -10,6 +10,7 @@ import torch
 
 import pa_tile
 from pa_tile import backend, cache
+from pa_tile.fp8 import FP8_MAX
 from pa_tile.stages import s6_split_k as s6
 
 from attention_by_hand import attend, tokens
@@ -35,7 +36,7 @@ def lse_tolerance(case, window=0, cap=None):
     half a subnormal step, at most 2^-10 x the row scale amax/FP8_MAX), so each logit is off by at
     most ``scale · Σ_d |Δq_d| |k_d|``; the soft-cap is 1-Lipschitz and LSE moves by at most the
     largest logit change. Plus float32 sums and v_exp/v_log ulps (1e-5 relative)."""
-    fmax = 240.0 if case.fp8_format == "fnuz" else 448.0
+    fmax = FP8_MAX[case.fp8_format]
     scale = 1.0 / math.sqrt(case.head_dim)
     ql, G = case.query_length, case.num_q_heads // case.num_kv_heads
     tol = torch.zeros(case.query.shape[:2])
